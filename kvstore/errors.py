@@ -1,0 +1,77 @@
+"""Typed errors of kvstore, in one place.
+
+    KVStoreError
+    ├── BadRequestError      malformed input: wrong types, sizes, ranges   (INVALID_ARGUMENT)
+    │   └── TooLargeError    an object larger than a tier or buffer       (INVALID_ARGUMENT)
+    ├── NotFoundError        unknown key, node or segment                  (NOT_FOUND)
+    ├── ExistsError          key already committed or being written        (ALREADY_EXISTS)
+    ├── NotReadyError        key is still being written                    (FAILED_PRECONDITION)
+    ├── NoSpaceError         tier or pool full, nothing evictable; ENOSPC  (RESOURCE_EXHAUSTED)
+    ├── CorruptError         checksum mismatch on read                     (DATA_LOSS)
+    ├── TransferError        a peer vanished or a transfer failed          (UNAVAILABLE)
+    └── UnavailableError     a service (master, node) cannot be reached    (UNAVAILABLE)
+
+`None` means "absent / not now"; an exception means bad input or a fault.
+Each class names its gRPC status code as a string so that this module imports
+no grpc; `kvstore.rpc_errors` maps them to and from gRPC in one place.
+"""
+
+from __future__ import annotations
+
+
+class KVStoreError(Exception):
+    """Base of every kvstore error."""
+
+    grpc_code: str = "UNKNOWN"
+
+
+class BadRequestError(KVStoreError, ValueError):
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class TooLargeError(BadRequestError):
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class NotFoundError(KVStoreError, KeyError):
+    grpc_code = "NOT_FOUND"
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "not found"
+
+
+class ExistsError(KVStoreError):
+    grpc_code = "ALREADY_EXISTS"
+
+
+class NotReadyError(KVStoreError):
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class NoSpaceError(KVStoreError):
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class CorruptError(KVStoreError):
+    grpc_code = "DATA_LOSS"
+
+
+class TransferError(KVStoreError):
+    grpc_code = "UNAVAILABLE"
+
+
+class UnavailableError(KVStoreError):
+    grpc_code = "UNAVAILABLE"
+
+
+ALL_ERRORS: tuple[type[KVStoreError], ...] = (
+    BadRequestError,
+    TooLargeError,
+    NotFoundError,
+    ExistsError,
+    NotReadyError,
+    NoSpaceError,
+    CorruptError,
+    TransferError,
+    UnavailableError,
+)
