@@ -49,16 +49,12 @@ def root_hash(namespace: bytes = b"") -> BlockHash:
     return BlockHash(xxhash.xxh3_128_digest(_ROOT_TAG + bytes(namespace)))
 
 
-def block_hashes(
-    token_ids: Sequence[int], block_size: int, namespace: bytes = b""
-) -> list[bytes]:
+def block_hashes(token_ids: Sequence[int], block_size: int, namespace: bytes = b"") -> list[bytes]:
     """Chained hashes of the full blocks of `token_ids` (a partial last block is skipped)."""
     return [bytes(h) for h in extend_hashes(root_hash(namespace), token_ids, block_size)]
 
 
-def extend_hashes(
-    parent: bytes, token_ids: Sequence[int], block_size: int
-) -> list[BlockHash]:
+def extend_hashes(parent: bytes, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
     """Continue a chain from `parent` over the full blocks of `token_ids`."""
     if not isinstance(block_size, int) or block_size <= 0:
         raise BadRequestError(f"block_size must be a positive int, got {block_size!r}")
