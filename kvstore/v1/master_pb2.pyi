@@ -1,0 +1,324 @@
+from kvstore.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ObjectState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OBJECT_STATE_WRITING: _ClassVar[ObjectState]
+    OBJECT_STATE_COMPLETE: _ClassVar[ObjectState]
+OBJECT_STATE_WRITING: ObjectState
+OBJECT_STATE_COMPLETE: ObjectState
+
+class KeyStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: _common_pb2.ErrorCode
+    message: str
+    def __init__(self, code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "endpoint")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    endpoint: _common_pb2.NodeEndpoint
+    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("master_epoch", "node_ttl_ms", "heartbeat_interval_ms")
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    master_epoch: str
+    node_ttl_ms: int
+    heartbeat_interval_ms: int
+    def __init__(self, master_epoch: _Optional[str] = ..., node_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("master_epoch",)
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    master_epoch: str
+    def __init__(self, master_epoch: _Optional[str] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "segment", "tier", "capacity", "alignment")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment: str
+    tier: _common_pb2.Tier
+    capacity: int
+    alignment: int
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., alignment: _Optional[int] = ...) -> None: ...
+
+class MountSegmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnmountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "segment")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment: str
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ...) -> None: ...
+
+class UnmountSegmentResponse(_message.Message):
+    __slots__ = ("dropped_replicas", "removed_objects")
+    DROPPED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    dropped_replicas: int
+    removed_objects: int
+    def __init__(self, dropped_replicas: _Optional[int] = ..., removed_objects: _Optional[int] = ...) -> None: ...
+
+class PutStartItem(_message.Message):
+    __slots__ = ("key", "size", "replicas", "preferred_node", "group", "tier", "pin_ttl_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_NODE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size: int
+    replicas: int
+    preferred_node: str
+    group: str
+    tier: _common_pb2.Tier
+    pin_ttl_ms: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., replicas: _Optional[int] = ..., preferred_node: _Optional[str] = ..., group: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., pin_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("client_id", "client_node", "items")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NODE_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    client_node: str
+    items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
+    def __init__(self, client_id: _Optional[str] = ..., client_node: _Optional[str] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ...) -> None: ...
+
+class PutStartResult(_message.Message):
+    __slots__ = ("status", "locations")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    status: KeyStatus
+    locations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    def __init__(self, status: _Optional[_Union[KeyStatus, _Mapping]] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("client_id", "keys")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PutEndResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+
+class PutRevokeRequest(_message.Message):
+    __slots__ = ("client_id", "keys")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PutRevokeResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+
+class BatchLookupRequest(_message.Message):
+    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    lease_ttl_ms: int
+    pin_ttl_ms: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class LookupResult(_message.Message):
+    __slots__ = ("status", "size", "replicas", "group")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    status: KeyStatus
+    size: int
+    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    group: str
+    def __init__(self, status: _Optional[_Union[KeyStatus, _Mapping]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
+
+class BatchLookupResponse(_message.Message):
+    __slots__ = ("results", "lease_ttl_ms")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LookupResult]
+    lease_ttl_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[LookupResult, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class MatchPrefixRequest(_message.Message):
+    __slots__ = ("keys", "by_group")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BY_GROUP_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    by_group: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., by_group: _Optional[bool] = ...) -> None: ...
+
+class PrefixMatch(_message.Message):
+    __slots__ = ("node_id", "tier", "length")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    tier: _common_pb2.Tier
+    length: int
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., length: _Optional[int] = ...) -> None: ...
+
+class MatchPrefixResponse(_message.Message):
+    __slots__ = ("pool_length", "matches")
+    POOL_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    pool_length: int
+    matches: _containers.RepeatedCompositeFieldContainer[PrefixMatch]
+    def __init__(self, pool_length: _Optional[int] = ..., matches: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("keys", "force")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    force: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SegmentStats(_message.Message):
+    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment: str
+    tier: _common_pb2.Tier
+    capacity: int
+    used: int
+    replicas: int
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class NodeStats(_message.Message):
+    __slots__ = ("node_id", "endpoint", "ms_since_heartbeat")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    endpoint: _common_pb2.NodeEndpoint
+    ms_since_heartbeat: int
+    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., ms_since_heartbeat: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    WRITING_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_PUTS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_NODES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
+    objects: int
+    writing: int
+    capacity: int
+    used: int
+    hits: int
+    misses: int
+    evictions: int
+    reclaimed_puts: int
+    dead_nodes: int
+    dropped_replicas: int
+    master_epoch: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ...) -> None: ...
+
+class ListObjectsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "prefix")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("key", "size", "state", "group", "replicas", "lease_ms_left", "pin_ms_left")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    PIN_MS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size: int
+    state: ObjectState
+    group: str
+    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    lease_ms_left: int
+    pin_ms_left: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[_Union[ObjectState, str]] = ..., group: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., lease_ms_left: _Optional[int] = ..., pin_ms_left: _Optional[int] = ...) -> None: ...
+
+class ListObjectsResponse(_message.Message):
+    __slots__ = ("objects", "next_page_token")
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    next_page_token: str
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
