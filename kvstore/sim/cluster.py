@@ -1,0 +1,248 @@
+"""Simulated serving nodes: a GPU loop per node, prefix caches, and a pooled/local index.
+
+Each node has one GPU that runs either a prefill (FIFO, prefill first, so a long prompt
+stalls the node's running decodes, as on a colocated vLLM engine) or one continuous-batching
+decode step of every running sequence. Step times come from a `LatencyModel`; KV loads and
+prefill->decode KV moves from a `TransferModel`. After a prefill its prompt's blocks enter
+that node's tiered cache (its share of the pool). A sequence holds `prompt+generated` tokens
+of its decode node's KV memory; sequences wait for memory in FIFO order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvstore.conductor.api import NodeState, PrefixMatch, Role
+from kvstore.conductor.latency import LatencyModel, TransferModel
+from kvstore.errors import BadRequestError
+from kvstore.sim.cache import BlockPool, TierCapacity, TieredBlockCache, hit_tokens
+from kvstore.sim.events import EventLoop
+from kvstore.sim.traces import BLOCK_TOKENS, TraceRequest
+from kvstore.types import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One simulated node: its role, prefix-cache capacity per tier, decode KV memory."""
+
+    node_id: str
+    role: Role
+    cache: TierCapacity
+    kv_capacity_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.node_id or self.kv_capacity_tokens <= 0:
+            raise BadRequestError(f"node spec needs an id and kv_capacity_tokens > 0: {self}")
+
+
+def uniform_nodes(
+    n: int, role: Role, cache: TierCapacity, kv_capacity_tokens: int, prefix: str = "n"
+) -> tuple[NodeSpec, ...]:
+    """`n` identical nodes named prefix0..prefix{n-1}."""
+    if n <= 0:
+        raise BadRequestError(f"a cluster needs at least one node, got {n}")
+    return tuple(NodeSpec(f"{prefix}{i}", role, cache, kv_capacity_tokens) for i in range(n))
+
+
+class SimPrefixIndex:
+    """The conductor's PrefixIndex over the nodes' simulated caches."""
+
+    def __init__(self, caches: dict[str, TieredBlockCache]) -> None:
+        self._caches = caches
+
+    def match(self, hashes: Sequence[object]) -> dict[str, PrefixMatch]:
+        found = {}
+        for node_id, cache in self._caches.items():
+            tiers = cache.match_prefix(hashes)  # type: ignore[arg-type]
+            n = sum(tiers.values())
+            if n:
+                found[node_id] = PrefixMatch(n, {t: k for t, k in tiers.items() if k})
+        return found
+
+
+@dataclass(slots=True)
+class Job:
+    """One request in flight; times are simulated seconds (None = not reached yet)."""
+
+    req: TraceRequest
+    prefill_node: str
+    decode_node: str
+    arrival_s: float
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    cached_blocks: int = 0
+    generated: int = 0
+    kv_tokens: int = 0
+    predicted_s: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        """Prompt tokens to compute: at least one, to produce the first token."""
+        return max(self.req.input_len - hit_tokens(self.req, self.cached_blocks), 1)
+
+
+@dataclass(slots=True)
+class SimNode:
+    """A node's queues and GPU state, driven by the shared event loop."""
+
+    spec: NodeSpec
+    cache: TieredBlockCache
+    prefill_q: deque[Job] = field(default_factory=deque)
+    mem_wait: deque[Job] = field(default_factory=deque)
+    running: list[Job] = field(default_factory=list)
+    busy_until: float = 0.0
+    busy: bool = False
+    kv_used: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+
+    def state(self, now: float, queued_s: float) -> NodeState:
+        cap = self.spec.kv_capacity_tokens
+        return NodeState(
+            node_id=self.spec.node_id,
+            role=self.spec.role,
+            queued_prefill_tokens=sum(j.req.input_len for j in self.prefill_q),
+            running_decode_seqs=len(self.running) + len(self.mem_wait),
+            decode_context_tokens=sum(j.kv_tokens for j in self.running),
+            kv_free_tokens=max(cap - self.kv_used, 0),
+            kv_capacity_tokens=cap,
+            est_queue_wait_s=max(self.busy_until - now, 0.0) + queued_s,
+        )
+
+
+class SimCluster:
+    """Nodes plus the event loop that drives them; `submit` starts a placed request."""
+
+    def __init__(
+        self,
+        specs: Sequence[NodeSpec],
+        latency: LatencyModel,
+        transfer: TransferModel,
+        *,
+        pooled: bool,
+        on_done: Callable[[Job], None],
+    ) -> None:
+        if not specs:
+            raise BadRequestError("empty cluster: no node specs")
+        self.loop = EventLoop()
+        self.latency = latency
+        self.transfer = transfer
+        self.pooled = pooled
+        self.on_done = on_done
+        self.nodes = {s.node_id: SimNode(s, TieredBlockCache(s.cache)) for s in specs}
+        if len(self.nodes) != len(specs):
+            raise BadRequestError("duplicate node ids in cluster specs")
+        caches = {k: n.cache for k, n in self.nodes.items()}
+        self.index = SimPrefixIndex(caches)
+        self.pool = BlockPool(caches, pooled=pooled)
+
+    def node_states(self) -> tuple[NodeState, ...]:
+        now = self.loop.now
+        return tuple(
+            n.state(now, sum(j.predicted_s for j in n.prefill_q)) for n in self.nodes.values()
+        )
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`'s prefill on its prefill node (node ids must exist)."""
+        if job.prefill_node not in self.nodes or job.decode_node not in self.nodes:
+            raise BadRequestError(
+                f"decision names unknown nodes: {job.prefill_node}, {job.decode_node}"
+            )
+        node = self.nodes[job.prefill_node]
+        job.predicted_s = self.latency.prefill_s(job.req.input_len, 0)
+        node.prefill_q.append(job)
+        self._kick(node)
+
+    def _kick(self, node: SimNode) -> None:
+        if not node.busy:
+            node.busy = True
+            self.loop.after(0.0, lambda: self._step(node))
+
+    def _step(self, node: SimNode) -> None:
+        if node.prefill_q:
+            job = node.prefill_q.popleft()
+            dur = self._start_prefill(node, job)
+            node.busy_until = self.loop.now + dur
+            node.busy_s += dur
+            self.loop.after(dur, lambda: self._end_prefill(node, job))
+        elif node.running:
+            ctx = sum(j.kv_tokens for j in node.running)
+            dur = self.latency.decode_step_s(len(node.running), ctx)
+            node.busy_until = self.loop.now + dur
+            node.busy_s += dur
+            self.loop.after(dur, lambda: self._end_decode_step(node))
+        else:
+            node.busy = False
+
+    def _start_prefill(self, node: SimNode, job: Job) -> float:
+        hit = self.pool.prefix(node.spec.node_id, job.req.blocks)
+        job.cached_blocks = hit.blocks
+        load = self.transfer.load_s(_tokens(hit.local), False)
+        load += self.transfer.load_s(_tokens(hit.remote), True)
+        node.prefill_tokens += job.new_tokens
+        cached = job.req.input_len - job.new_tokens
+        return load + self.latency.prefill_s(job.new_tokens, cached)
+
+    def _end_prefill(self, node: SimNode, job: Job) -> None:
+        job.first_token_s = self.loop.now
+        self.pool.insert(node.spec.node_id, job.req.blocks)
+        job.kv_tokens = job.req.input_len
+        job.generated = 1
+        if job.req.output_len <= 1:
+            self._finish(job)
+        elif job.decode_node == node.spec.node_id:
+            self._admit(node, job)
+        else:
+            dest = self.nodes[job.decode_node]
+            move = job.req.input_len * self.transfer.kv_bytes_per_token
+            self.loop.after(
+                move / self.transfer.network_bytes_per_s, lambda: self._admit(dest, job)
+            )
+        self._step(node)
+
+    def _admit(self, node: SimNode, job: Job) -> None:
+        node.mem_wait.append(job)
+        self._drain_mem_wait(node)
+        self._kick(node)
+
+    def _drain_mem_wait(self, node: SimNode) -> None:
+        cap = node.spec.kv_capacity_tokens
+        while node.mem_wait:
+            job = node.mem_wait[0]
+            need = job.req.input_len + job.req.output_len
+            if node.running and node.kv_used + need > cap:
+                return
+            node.mem_wait.popleft()
+            node.kv_used += need
+            node.running.append(job)
+
+    def _end_decode_step(self, node: SimNode) -> None:
+        still = []
+        for job in node.running:
+            job.generated += 1
+            job.kv_tokens += 1
+            if job.generated >= job.req.output_len:
+                node.kv_used -= job.req.input_len + job.req.output_len
+                self._finish(job)
+            else:
+                still.append(job)
+        node.running = still
+        self._drain_mem_wait(node)
+        self._step(node)
+
+    def _finish(self, job: Job) -> None:
+        job.finish_s = self.loop.now
+        self.on_done(job)
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        for node in self.nodes.values():
+            used = sum(j.req.input_len + j.req.output_len for j in node.running)
+            if used != node.kv_used:
+                raise AssertionError(f"{node.spec.node_id}: kv_used {node.kv_used} != {used}")
+
+
+def _tokens(tier_blocks: dict[Tier, int]) -> dict[Tier, int]:
+    return {t: n * BLOCK_TOKENS for t, n in tier_blocks.items()}
