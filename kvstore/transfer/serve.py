@@ -1,0 +1,57 @@
+"""A process that exposes one SharedSegment over TCP (and NIXL): tests, benches, demos.
+
+    python -m kvstore.transfer.serve --name SEG --size BYTES [--seed N] [--nixl]
+
+Prints the segment descriptor as one JSON line on stdout, then serves until its
+stdin closes (the parent exits or closes the pipe), then stops and unlinks.
+`--seed` fills the segment with `pattern(size, seed)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from kvstore.tiers.shm import SharedSegment
+from kvstore.transfer.tcp_server import ServerConfig, TransferServer
+
+
+def pattern(size: int, seed: int) -> np.ndarray:
+    """Deterministic pseudo-random bytes, the same in every process."""
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--nixl", action="store_true", help="also publish NIXL metadata")
+    args = parser.parse_args(argv)
+    segment = SharedSegment.create(args.name, args.size)
+    if args.seed is not None:
+        segment.numpy()[:] = pattern(args.size, args.seed)
+    server = TransferServer(ServerConfig(host=args.host))
+    server.start()
+    desc = server.expose_segment(segment)
+    nixl_engine = None
+    if args.nixl:
+        from kvstore.transfer.nixl import NixlEngine
+
+        nixl_engine = NixlEngine()
+        desc = nixl_engine.expose(args.name, segment.buffer, base=desc)
+    sys.stdout.write(desc.to_bytes().decode() + "\n")
+    sys.stdout.flush()
+    try:
+        sys.stdin.read()  # serve until the parent closes our stdin
+    finally:
+        server.stop()
+        segment.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

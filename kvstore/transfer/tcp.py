@@ -1,0 +1,232 @@
+"""TcpEngine: the initiator side of the TCP transport.
+
+Per peer endpoint a pool of `connections` blocking sockets, each owned by one
+worker thread. A batch is cut into chunks of at most `chunk_bytes`; workers pull
+chunks from the peer's queue, so a batch (and one large transfer) is spread over
+all connections in parallel. Payloads go straight between the socket and the
+registered buffer (`recv_into` / `sendall` of memoryview slices). Every socket
+operation has `io_timeout`; a dead or hung peer yields TransferError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstore.errors import BadRequestError, KVStoreError, TransferError
+from kvstore.transfer import wire
+from kvstore.transfer.base import (
+    TransferEngine,
+    TransferHandle,
+    TransferOp,
+    TransferRequest,
+    parse_endpoint,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TcpConfig:
+    """Pool size, chunking and timeouts of a TcpEngine."""
+
+    connections: int = 4  # sockets (and worker threads) per peer
+    chunk_bytes: int = 4 << 20  # largest piece of one request sent as one wire request
+    connect_timeout: float = 5.0
+    io_timeout: float = 30.0  # a blocked send/recv longer than this fails the chunk
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.connections <= 64:
+            raise BadRequestError(f"connections must be in [1, 64], got {self.connections}")
+        if self.chunk_bytes < 4096:
+            raise BadRequestError(f"chunk_bytes must be >= 4096, got {self.chunk_bytes}")
+        if self.connect_timeout <= 0 or self.io_timeout <= 0:
+            raise BadRequestError("timeouts must be > 0")
+
+
+class _RequestState:
+    """Counts a request's outstanding chunks; completes the handle at the last one."""
+
+    def __init__(self, handle: TransferHandle, index: int, chunks: int) -> None:
+        self._handle, self._index, self._left = handle, index, chunks
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
+
+    def chunk_done(self, error: Exception | None) -> None:
+        with self._lock:
+            self._error = self._error or error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._handle.complete(self._index, self._error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    op: TransferOp
+    name: bytes
+    remote_offset: int
+    view: memoryview
+    state: _RequestState
+
+
+class _Connection:
+    """One socket to a peer, used by one worker thread at a time."""
+
+    def __init__(self, endpoint: str, config: TcpConfig) -> None:
+        self._addr = parse_endpoint(endpoint)
+        self._config = config
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+
+    def run(self, chunk: _Chunk) -> None:
+        """Execute one chunk; raises a typed error (and drops the socket on faults)."""
+        sock = self._connect()
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        req_id, n = self._next_id, chunk.view.nbytes
+        try:
+            sock.sendall(wire.pack_request(chunk.op, req_id, chunk.name, chunk.remote_offset, n))
+            if chunk.op == TransferOp.WRITE:
+                self._send_payload(sock, chunk.view, req_id)
+            self._finish(sock, req_id, chunk)
+        except (OSError, ConnectionError) as e:
+            self.close()
+            raise TransferError(f"transfer to {self._addr[0]}:{self._addr[1]} failed: {e}") from e
+
+    def _send_payload(self, sock: socket.socket, view: memoryview, req_id: int) -> None:
+        try:
+            sock.sendall(view)
+        except OSError:
+            self._finish_early(sock, req_id)  # the peer may have rejected and closed
+            raise
+
+    def _finish_early(self, sock: socket.socket, req_id: int) -> None:
+        """After a failed send, surface the peer's error reply if one arrived."""
+        with contextlib.suppress(OSError, ConnectionError):
+            sock.settimeout(0.5)
+            status, _, length = wire.RESPONSE.unpack(wire.recv_exact(sock, wire.RESPONSE.size))
+            if status != wire.Status.OK:
+                message = wire.recv_exact(sock, min(length, wire.MAX_ERROR_BYTES))
+                self.close()
+                raise wire.error_of(status, message.decode(errors="replace"))
+
+    def _finish(self, sock: socket.socket, req_id: int, chunk: _Chunk) -> None:
+        header = wire.recv_exact(sock, wire.RESPONSE.size)
+        status, got_id, length = wire.RESPONSE.unpack(header)
+        if got_id != req_id:
+            raise ConnectionError(f"response for request {got_id}, expected {req_id}")
+        if status != wire.Status.OK:
+            if length > wire.MAX_ERROR_BYTES:
+                raise ConnectionError(f"error message of {length} bytes")
+            raise wire.error_of(status, wire.recv_exact(sock, length).decode(errors="replace"))
+        want = chunk.view.nbytes if chunk.op == TransferOp.READ else 0
+        if length != want:
+            raise ConnectionError(f"response of {length} bytes, expected {want}")
+        if chunk.op == TransferOp.READ:
+            wire.recv_into_exact(sock, chunk.view)
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            try:
+                sock = socket.create_connection(self._addr, timeout=self._config.connect_timeout)
+            except OSError as e:
+                raise TransferError(f"cannot connect to {self._addr}: {e}") from e
+            wire.tune(sock)
+            sock.settimeout(self._config.io_timeout)
+            self._sock = sock
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+
+class _Peer:
+    """The connection pool and worker threads for one endpoint."""
+
+    def __init__(self, endpoint: str, config: TcpConfig) -> None:
+        self.queue: queue.SimpleQueue[_Chunk | None] = queue.SimpleQueue()
+        self._conns = [_Connection(endpoint, config) for _ in range(config.connections)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(c,), name="kvstore-tcp-worker", daemon=True)
+            for c in self._conns
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self, conn: _Connection) -> None:
+        while (chunk := self.queue.get()) is not None:
+            try:
+                conn.run(chunk)
+            except KVStoreError as e:
+                chunk.state.chunk_done(e)
+            except Exception as e:  # never lose a completion
+                chunk.state.chunk_done(TransferError(f"transfer failed: {e!r}"))
+            else:
+                chunk.state.chunk_done(None)
+        conn.close()
+
+    def close(self, timeout: float) -> None:
+        for _ in self._threads:
+            self.queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+class TcpEngine(TransferEngine):
+    """One-sided READ/WRITE against TransferServers over pooled TCP connections."""
+
+    kind = "tcp"
+
+    def __init__(self, config: TcpConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or TcpConfig()
+        self._peers: dict[str, _Peer] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, batch: Sequence[TransferRequest]) -> TransferHandle:
+        views = self.check_batch(batch)
+        for req in batch:
+            if not req.remote.endpoint:
+                raise BadRequestError(f"segment {req.remote.name!r} has no TCP endpoint")
+        handle = TransferHandle(len(batch))
+        for index, (req, view) in enumerate(zip(batch, views, strict=True)):
+            self._enqueue(handle, index, req, view)
+        return handle
+
+    def _enqueue(
+        self, handle: TransferHandle, index: int, req: TransferRequest, view: memoryview
+    ) -> None:
+        if req.length == 0:
+            handle.complete(index, None)
+            return
+        step = self.config.chunk_bytes
+        starts = range(0, req.length, step)
+        state = _RequestState(handle, index, len(starts))
+        peer = self._peer(req.remote.endpoint)
+        name = req.remote.name.encode()
+        for start in starts:
+            piece = view[start : start + step]
+            peer.queue.put(_Chunk(req.op, name, req.remote_offset + start, piece, state))
+
+    def _peer(self, endpoint: str) -> _Peer:
+        with self._lock:
+            if self._closed:
+                raise TransferError("engine is closed")
+            peer = self._peers.get(endpoint)
+            if peer is None:
+                peer = self._peers[endpoint] = _Peer(endpoint, self.config)
+            return peer
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Finish queued chunks, then close every connection (joins within `timeout`)."""
+        with self._lock:
+            self._closed = True
+            peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            peer.close(timeout)

@@ -1,0 +1,259 @@
+"""TransferServer: serves one-sided READ/WRITE over TCP against exposed segments.
+
+Blocking sockets, one thread per connection. Each request is bounds-checked
+against the named segment; a bad one gets an error reply and the connection
+stays usable (a bad WRITE's payload is drained, or the connection closed when
+the payload is larger than `drain_limit`). Payloads go straight between the
+socket and segment memory: `recv_into` a segment slice, `sendall` of a slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+
+from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
+from kvstore.transfer import wire
+from kvstore.transfer.base import (
+    MAX_NAME_BYTES,
+    SegmentDescriptor,
+    TransferOp,
+    check_name,
+    local_host_id,
+)
+from kvstore.transfer.buffers import as_byte_view
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Listening address and per-connection limits of a TransferServer."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port
+    io_timeout: float = 30.0  # a started request must progress within this many seconds
+    max_connections: int = 256
+    drain_limit: int = 64 << 20  # largest bad-WRITE payload drained instead of closing
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise BadRequestError(f"bad port {self.port}")
+        if self.io_timeout <= 0 or self.max_connections <= 0 or self.drain_limit < 0:
+            raise BadRequestError("io_timeout and max_connections must be > 0")
+
+
+class _CloseConnection(Exception):
+    """The stream is out of sync or the peer misbehaved: drop this connection."""
+
+
+class TransferServer:
+    """Serves READ/WRITE requests against the segments exposed by this process."""
+
+    def __init__(self, config: ServerConfig | None = None) -> None:
+        self.config = config or ServerConfig()
+        self._segments: dict[str, memoryview] = {}
+        self._shm: dict[str, bool] = {}
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._stopping = threading.Event()
+        self._endpoint = ""
+
+    # -- segments -------------------------------------------------------------
+
+    def expose(self, name: str, buffer: object, *, shm: bool = False) -> SegmentDescriptor:
+        """Serve `buffer` as segment `name`; `shm` marks it attachable from /dev/shm."""
+        view = as_byte_view(buffer)
+        with self._lock:
+            if check_name(name) in self._segments:
+                raise BadRequestError(f"segment {name!r} already exposed")
+            self._segments[name] = view
+            self._shm[name] = shm
+        return self.descriptor(name)
+
+    def expose_segment(self, segment: object) -> SegmentDescriptor:
+        """Serve a kvstore.tiers.shm.SharedSegment (same-host peers may map it)."""
+        return self.expose(segment.name, segment.buffer, shm=True)  # type: ignore[attr-defined]
+
+    def withdraw(self, name: str) -> bool:
+        """Stop serving a segment (requests in flight on it may still finish)."""
+        with self._lock:
+            self._shm.pop(name, None)
+            return self._segments.pop(name, None) is not None
+
+    def descriptor(self, name: str) -> SegmentDescriptor:
+        with self._lock:
+            view = self._segments.get(name)
+            shm = self._shm.get(name, False)
+        if view is None:
+            raise NotFoundError(f"segment {name!r} not exposed")
+        return SegmentDescriptor(name, view.nbytes, local_host_id(), self._endpoint, shm)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """ "host:port" once started, else ""."""
+        return self._endpoint
+
+    def start(self) -> str:
+        """Listen and accept in a background thread; returns the endpoint."""
+        if self._listener is not None:
+            raise BadRequestError("server already started")
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.config.host, self.config.port))
+        listener.listen(128)
+        self._listener = listener
+        host, port = listener.getsockname()[:2]
+        self._endpoint = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="kvstore-transfer-accept", daemon=True
+        )
+        self._accept_thread.start()
+        return self._endpoint
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the listener and every connection; join threads within `timeout`."""
+        self._stopping.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+        with self._lock:
+            conns = dict(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        threads = [*conns.values(), self._accept_thread]
+        for thread in threads:
+            if thread is not None:
+                thread.join(timeout)
+
+    def __enter__(self) -> TransferServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    # -- serving --------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # listener closed by stop()
+            if self.connection_count() >= self.config.max_connections:
+                conn.close()
+                continue
+            self._start_connection(conn)
+
+    def _start_connection(self, conn: socket.socket) -> None:
+        wire.tune(conn)
+        conn.settimeout(self.config.io_timeout)
+        thread = threading.Thread(
+            target=self._serve_connection, args=(conn,), name="kvstore-transfer-conn", daemon=True
+        )
+        with self._lock:
+            self._conns[conn] = thread
+        thread.start()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            while not self._stopping.is_set():
+                header = self._recv_header(conn)
+                if header is None:
+                    return
+                self._serve_request(conn, header)
+        except (_CloseConnection, OSError) as e:
+            log.debug("transfer connection closed: %s", e)
+        except Exception:  # a bug must not kill the server: drop this connection only
+            log.exception("transfer connection failed")
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _recv_header(self, conn: socket.socket) -> bytes | None:
+        """The next request header; None on a clean close. Idle waits are unbounded."""
+        buf = memoryview(bytearray(wire.REQUEST.size))
+        got = 0
+        while got < len(buf):
+            try:
+                n = conn.recv_into(buf[got:])
+            except TimeoutError:
+                if got == 0 and not self._stopping.is_set():
+                    continue  # idle pooled connection
+                raise
+            if n == 0:
+                if got:
+                    raise _CloseConnection("peer closed inside a header")
+                return None
+            got += n
+        return bytes(buf)
+
+    def _serve_request(self, conn: socket.socket, header: bytes) -> None:
+        op, version, name_len, req_id, offset, length = wire.REQUEST.unpack(header)
+        if version != wire.VERSION or name_len > MAX_NAME_BYTES:
+            conn.sendall(wire.pack_error(req_id, BadRequestError("bad version or name")))
+            raise _CloseConnection("bad header")
+        name = wire.recv_exact(conn, name_len).decode(errors="replace")
+        if op not in (TransferOp.READ, TransferOp.WRITE):
+            conn.sendall(wire.pack_error(req_id, BadRequestError(f"unknown op {op}")))
+            raise _CloseConnection("unknown op")
+        try:
+            target = self._target(name, offset, length)
+        except KVStoreError as e:
+            self._reject(conn, op, req_id, length, e)
+            return
+        if op == TransferOp.READ:
+            conn.sendall(wire.pack_response(wire.Status.OK, req_id, length))
+            conn.sendall(target)
+        else:
+            wire.recv_into_exact(conn, target)
+            conn.sendall(wire.pack_response(wire.Status.OK, req_id, 0))
+
+    def _target(self, name: str, offset: int, length: int) -> memoryview:
+        with self._lock:
+            view = self._segments.get(name)
+        if view is None:
+            raise NotFoundError(f"segment {name!r} not exposed")
+        if offset + length > view.nbytes:
+            raise BadRequestError(
+                f"range [{offset}, +{length}) outside segment {name!r} of {view.nbytes} bytes"
+            )
+        return view[offset : offset + length]
+
+    def _reject(
+        self, conn: socket.socket, op: int, req_id: int, length: int, error: KVStoreError
+    ) -> None:
+        """Reply with `error`; keep the stream in sync by draining a bad WRITE's payload."""
+        if op == TransferOp.WRITE:
+            if length > self.config.drain_limit:
+                conn.sendall(wire.pack_error(req_id, error))
+                raise _CloseConnection("bad WRITE too large to drain")
+            _drain(conn, length)
+        conn.sendall(wire.pack_error(req_id, error))
+
+
+def _drain(conn: socket.socket, length: int) -> None:
+    scratch = memoryview(bytearray(min(length, 1 << 20) or 1))
+    left = length
+    while left:
+        n = conn.recv_into(scratch, min(left, len(scratch)))
+        if n == 0:
+            raise _CloseConnection("peer closed while draining a rejected WRITE")
+        left -= n

@@ -1,0 +1,103 @@
+"""TCP framing of the transfer protocol, and exact-length socket helpers.
+
+Request  (24 bytes + name):  op u8 | version u8 | name_len u16 | req_id u32 |
+                             offset u64 | length u64 | segment name (UTF-8)
+         a WRITE is followed by `length` payload bytes.
+Response (16 bytes):         status u8 | pad 3 | req_id u32 | length u64
+         status OK + READ: `length` payload bytes follow; OK + WRITE: length 0;
+         an error status: a UTF-8 message of `length` bytes follows.
+All integers little-endian. One request in flight per connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from enum import IntEnum
+
+from kvstore.errors import (
+    BadRequestError,
+    KVStoreError,
+    NotFoundError,
+    TooLargeError,
+    TransferError,
+)
+
+VERSION = 1
+REQUEST = struct.Struct("<BBHIQQ")
+RESPONSE = struct.Struct("<BxxxIQ")
+MAX_ERROR_BYTES = 4096
+
+
+class Status(IntEnum):
+    OK = 0
+    BAD_REQUEST = 1
+    NOT_FOUND = 2
+    TOO_LARGE = 3
+    INTERNAL = 4
+
+
+_ERRORS: dict[Status, type[KVStoreError]] = {
+    Status.BAD_REQUEST: BadRequestError,
+    Status.NOT_FOUND: NotFoundError,
+    Status.TOO_LARGE: TooLargeError,
+    Status.INTERNAL: TransferError,
+}
+
+
+def status_of(error: Exception) -> Status:
+    """The wire status for an error raised while serving a request."""
+    if isinstance(error, TooLargeError):
+        return Status.TOO_LARGE
+    if isinstance(error, BadRequestError):
+        return Status.BAD_REQUEST
+    if isinstance(error, NotFoundError):
+        return Status.NOT_FOUND
+    return Status.INTERNAL
+
+
+def error_of(status: int, message: str) -> KVStoreError:
+    """The typed error for a non-OK wire status (unknown codes -> TransferError)."""
+    try:
+        cls = _ERRORS[Status(status)]
+    except (ValueError, KeyError):
+        cls = TransferError
+    return cls(f"peer: {message}")
+
+
+def pack_request(op: int, req_id: int, name: bytes, offset: int, length: int) -> bytes:
+    return REQUEST.pack(op, VERSION, len(name), req_id, offset, length) + name
+
+
+def pack_response(status: Status, req_id: int, length: int) -> bytes:
+    return RESPONSE.pack(status, req_id, length)
+
+
+def pack_error(req_id: int, error: Exception) -> bytes:
+    message = str(error).encode()[:MAX_ERROR_BYTES]
+    return pack_response(status_of(error), req_id, len(message)) + message
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` completely from `sock`; ConnectionError on EOF."""
+    got, total = 0, view.nbytes
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise ConnectionError(f"peer closed after {got} of {total} bytes")
+        got += n
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def tune(sock: socket.socket, bufsize: int = 4 << 20) -> None:
+    """No Nagle delay, large kernel buffers: bulk transfers of MiB-sized chunks."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
