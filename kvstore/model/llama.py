@@ -157,13 +157,17 @@ def dense_causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return out.transpose(0, 1).to(q.dtype)
 
 
+def parameter_shapes(config: ModelConfig) -> dict[str, torch.Size]:
+    """Every weight the model needs, by Hugging Face name, with its shape."""
+    with torch.device("meta"):
+        return {name: t.shape for name, t in LlamaForCausalLM(config).state_dict().items()}
+
+
 def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     """Deterministic random weights (CPU generator) with O(1) activations and logits."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        shapes = {name: t.shape for name, t in LlamaForCausalLM(config).state_dict().items()}
     weights: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
+    for name, shape in parameter_shapes(config).items():
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * torch.randn(shape, generator=gen)
         elif name.endswith(".bias"):
