@@ -6,6 +6,7 @@ run the same policy code. A caller builds a `ClusterView` (node states plus a
 `Request`; the policy returns a `Decision` or raises `RejectedError`
 (RESOURCE_EXHAUSTED with `retry_after_s`). Bad input raises `BadRequestError`.
 
+`index.DictPrefixIndex` is an in-memory PrefixIndex (tests, simple simulations).
 Policies are made by name: `kvstore.conductor.make_policy(name, **kwargs)` (see
 `registry.py`; names in `POLICIES`). Policies that predict latency take
 `latency: LatencyModel` and `transfer: TransferModel` keyword arguments
@@ -85,7 +86,12 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """A snapshot of one node's load, as the conductor sees it."""
+    """A snapshot of one node's load, as the conductor sees it.
+
+    `est_queue_wait_s` is the predicted wait before a new prefill can start on
+    the node (on a DECODE node: before a local prefill can start there).
+    `decode_context_tokens` is the KV length summed over its running sequences.
+    """
 
     node_id: str
     role: Role

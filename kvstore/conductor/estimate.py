@@ -1,0 +1,121 @@
+"""Predictions shared by every policy: TTFT of a prefill on a node, TBT of a decode on a node.
+
+TTFT on node n = n's queue wait + time to load the cached prefix (by the tier it
+sits in; from another node at network speed in pooled mode) + prefill time of the
+uncached part. TBT on node d = one decode step of d's batch with this request added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstore.conductor.api import ClusterView, NodeState, PrefixMatch, Request
+from kvstore.conductor.latency import LatencyModel, TransferModel
+from kvstore.types import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillEstimate:
+    """A prefill of one request on `node_id`, loading `cached_blocks` from `source_node`."""
+
+    node_id: str
+    ttft_s: float  # queue wait + load + compute
+    load_s: float
+    compute_s: float
+    cached_blocks: int
+    cached_tokens: int
+    source_node: str | None  # None when nothing is loaded
+
+    @property
+    def floor_s(self) -> float:
+        """TTFT on an idle node: load + compute, no queue."""
+        return self.load_s + self.compute_s
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeEstimate:
+    """A decode of one request on `node_id`: its step time and whether its KV fits."""
+
+    node_id: str
+    tbt_s: float
+    idle_tbt_s: float  # step time alone on the node: the best any wait can give
+    fits: bool
+    kv_free_after: int
+    kv_capacity: int
+    running_seqs: int  # sequences decoding there before this one
+
+
+class Estimator:
+    """Evaluates prefill and decode options with one latency and one transfer model."""
+
+    def __init__(self, latency: LatencyModel, transfer: TransferModel) -> None:
+        self.latency = latency
+        self.transfer = transfer
+
+    def cached_tokens(self, req: Request, blocks: int, block_tokens: int) -> int:
+        """Tokens a prefix of `blocks` saves; the last prompt token is always computed."""
+        return max(0, min(blocks * block_tokens, req.prompt_tokens - 1))
+
+    def prefill_on(
+        self, req: Request, node: NodeState, matches: dict[str, PrefixMatch], view: ClusterView
+    ) -> PrefillEstimate:
+        """The fastest way to prefill `req` on `node`: its own prefix or (pooled) a donor's."""
+        best = self._option(req, node, node.node_id, matches[node.node_id], view, remote=False)
+        donor = _best_donor(node.node_id, matches) if view.pooled else None
+        if donor is not None and matches[donor].blocks > best.cached_blocks:
+            alt = self._option(req, node, donor, matches[donor], view, remote=True)
+            if alt.ttft_s < best.ttft_s:
+                best = alt
+        return best
+
+    def _option(
+        self,
+        req: Request,
+        node: NodeState,
+        source: str,
+        match: PrefixMatch,
+        view: ClusterView,
+        remote: bool,
+    ) -> PrefillEstimate:
+        cached = self.cached_tokens(req, match.blocks, view.block_tokens)
+        scale = cached / (match.blocks * view.block_tokens) if match.blocks else 0.0
+        tier_tokens = {Tier(t): n * view.block_tokens * scale for t, n in match.tier_blocks.items()}
+        load = self.transfer.load_s(tier_tokens, remote=remote) if cached else 0.0
+        compute = self.latency.prefill_s(req.prompt_tokens - cached, cached)
+        return PrefillEstimate(
+            node_id=node.node_id,
+            ttft_s=node.est_queue_wait_s + load + compute,
+            load_s=load,
+            compute_s=compute,
+            cached_blocks=match.blocks if cached else 0,
+            cached_tokens=cached,
+            source_node=source if cached else None,
+        )
+
+    def decode_on(self, req: Request, node: NodeState) -> DecodeEstimate:
+        """Step time of `node`'s batch with `req` added, and whether `req`'s KV fits."""
+        need = req.prompt_tokens + req.output_tokens
+        ctx = node.decode_context_tokens + req.prompt_tokens
+        return DecodeEstimate(
+            node_id=node.node_id,
+            tbt_s=self.latency.decode_step_s(node.running_decode_seqs + 1, ctx),
+            idle_tbt_s=self.latency.decode_step_s(1, req.prompt_tokens),
+            fits=node.kv_free_tokens >= need,
+            kv_free_after=node.kv_free_tokens - need,
+            kv_capacity=node.kv_capacity_tokens,
+            running_seqs=node.running_decode_seqs,
+        )
+
+    def kv_move_s(self, req: Request) -> float:
+        """Seconds to move the prompt's KV from a prefill node to a decode node."""
+        nbytes = req.prompt_tokens * self.transfer.kv_bytes_per_token
+        return self.transfer.overhead_s + nbytes / self.transfer.network_bytes_per_s
+
+
+def _best_donor(node_id: str, matches: dict[str, PrefixMatch]) -> str | None:
+    """The other node with the longest cached prefix (ties: faster tier, then id)."""
+    others = [(m.blocks, -int(m.slowest_tier or 0), nid) for nid, m in matches.items()]
+    others = [o for o in others if o[2] != node_id and o[0] > 0]
+    if not others:
+        return None
+    return min(others, key=lambda o: (-o[0], -o[1], o[2]))[2]
