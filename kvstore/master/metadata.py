@@ -1,0 +1,336 @@
+"""The master's metadata core: synchronous, deterministic, no grpc, injectable clock.
+
+`MasterState` owns nodes/segments (`NodeRegistry`), objects and groups, and
+implements the two-phase put, leased lookups, prefix matching, removal,
+watermark eviction, writer-death reclaim and node-death cleanup. Batched calls
+return one result per key: a value, or a `KVStoreError` instance for that key.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvstore.errors import ExistsError, KVStoreError, NoSpaceError, NotFoundError, NotReadyError
+from kvstore.master import leases
+from kvstore.master.config import MasterConfig
+from kvstore.master.eviction import GroupIndex, evictable_groups
+from kvstore.master.journal import MetaJournal, NullJournal
+from kvstore.master.liveness import AllocatorFactory, NodeRegistry, default_allocator
+from kvstore.master.model import (
+    Counters,
+    Endpoint,
+    ObjectMeta,
+    ObjectState,
+    PutItem,
+    Segment,
+)
+from kvstore.master.placement import place
+from kvstore.types import Location, Tier
+
+Clock = Callable[[], float]
+KeyError_ = KVStoreError | None
+
+
+class MasterState:
+    """All metadata of one pool. Not thread-safe: the service calls it from one loop."""
+
+    def __init__(
+        self,
+        config: MasterConfig,
+        clock: Clock = time.monotonic,
+        allocator_factory: AllocatorFactory = default_allocator,
+        journal: MetaJournal | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.registry = NodeRegistry(config.node_ttl_s, allocator_factory)
+        self.objects: dict[str, ObjectMeta] = {}
+        self.groups = GroupIndex()
+        self.writing: dict[str, float] = {}  # key -> started_at, oldest first
+        self.counters = Counters()
+        self.journal: MetaJournal = journal or NullJournal()
+
+    # ---- nodes and segments -------------------------------------------------
+
+    def register_node(self, node_id: str, endpoint: Endpoint) -> None:
+        node = self.registry.register(node_id, endpoint, self.clock())
+        self.journal.save_node(node)
+
+    def heartbeat(self, node_id: str) -> None:
+        self.registry.heartbeat(node_id, self.clock())
+
+    def mount_segment(
+        self, node_id: str, name: str, tier: Tier, capacity: int, alignment: int = 0
+    ) -> Segment:
+        align = alignment or self.config.default_alignment
+        seg, new = self.registry.mount(node_id, name, tier, capacity, align)
+        if new:
+            self.journal.save_segment(seg)
+        return seg
+
+    def unmount_segment(self, node_id: str, name: str) -> tuple[int, int]:
+        """Unmount; drop every replica in it. Returns (dropped replicas, removed objects)."""
+        seg = self.registry.unmount(node_id, name)
+        self.journal.drop_segment(node_id, name)
+        dropped = removed = 0
+        for key in sorted(seg.keys):
+            obj = self.objects[key]
+            obj.replicas = [r for r in obj.replicas if (r.node_id, r.segment) != (node_id, name)]
+            dropped += 1
+            if obj.state is ObjectState.WRITING or not obj.replicas:
+                self._drop(obj)
+                removed += 1
+            else:
+                self.journal.save_object(obj)
+        self.counters.dropped_replicas += dropped
+        return dropped, removed
+
+    # ---- two-phase put ------------------------------------------------------
+
+    def put_start(
+        self, client_id: str, client_node: str, items: Sequence[PutItem]
+    ) -> list[list[Location] | KVStoreError]:
+        """Reserve space for each new key; exactly one concurrent writer of a key wins."""
+        now = self.clock()
+        out = [self._put_one(client_id, client_node, item, now) for item in items]
+        self.evict_to_watermark()
+        return out
+
+    def _put_one(
+        self, client_id: str, client_node: str, item: PutItem, now: float
+    ) -> list[Location] | KVStoreError:
+        old = self.objects.get(item.key)
+        if old is not None and not self._stale_write(old, now):
+            what = "being written" if old.state is ObjectState.WRITING else "committed"
+            return ExistsError(f"key {item.key!r} is already {what}")
+        if old is not None:
+            self._reclaim(old)
+        locs = self._place_or_evict(item, client_node)
+        if locs is None:
+            return NoSpaceError(
+                f"no room for {item.size} bytes x {item.replicas} replicas of {item.key!r}"
+            )
+        group = item.group or item.key
+        obj = ObjectMeta(item.key, item.size, group, ObjectState.WRITING, locs, client_id, now)
+        obj.pin_ttl_s = leases.pin_ttl(self.config, item.pin_ttl_s)
+        self.objects[item.key] = obj
+        self.writing[item.key] = now
+        self.groups.add(group, item.key)
+        for loc in locs:
+            self.registry.segment(loc.node_id, loc.segment).keys.add(item.key)
+        return locs
+
+    def _place_or_evict(self, item: PutItem, client_node: str) -> list[Location] | None:
+        locs = place(self.registry.live_segments(), item, client_node)
+        if locs is not None:
+            return locs
+        for group in evictable_groups(self.groups, self.objects, self.clock()):
+            self._evict_group(group)
+            locs = place(self.registry.live_segments(), item, client_node)
+            if locs is not None:
+                return locs
+        return None
+
+    def put_end(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
+        """Commit: the keys become visible to lookups. Committing twice is OK."""
+        now = self.clock()
+        return [self._end_one(client_id, key, now) for key in keys]
+
+    def _end_one(self, client_id: str, key: str, now: float) -> KeyError_:
+        obj = self.objects.get(key)
+        if obj is None:
+            return NotFoundError(f"no put in progress for {key!r} (revoked or timed out?)")
+        if obj.writer != client_id:
+            return ExistsError(f"{key!r} is written by another client")
+        if obj.state is ObjectState.COMPLETE:
+            return None
+        obj.state = ObjectState.COMPLETE
+        del self.writing[key]
+        leases.extend_pin(obj, now, obj.pin_ttl_s)
+        self.groups.touch(obj.group)
+        self.journal.save_object(obj)
+        return None
+
+    def put_revoke(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
+        """Abort puts in progress and free their space."""
+        return [self._revoke_one(client_id, key) for key in keys]
+
+    def _revoke_one(self, client_id: str, key: str) -> KeyError_:
+        obj = self.objects.get(key)
+        if obj is None:
+            return NotFoundError(f"no put in progress for {key!r}")
+        if obj.writer != client_id:
+            return ExistsError(f"{key!r} is written by another client")
+        if obj.state is ObjectState.COMPLETE:
+            return NotReadyError(f"{key!r} is committed: use remove")
+        self._drop(obj)
+        return None
+
+    # ---- reads --------------------------------------------------------------
+
+    def lookup(
+        self, keys: Sequence[str], lease_ttl_s: float = 0.0, pin_ttl_s: float = 0.0
+    ) -> tuple[list[ObjectMeta | KVStoreError], float]:
+        """COMPLETE objects of `keys`, each leased (and optionally pinned); the lease TTL."""
+        now = self.clock()
+        ttl = leases.lease_ttl(self.config, lease_ttl_s)
+        pin = leases.pin_ttl(self.config, pin_ttl_s)
+        return [self._lookup_one(key, now, ttl, pin) for key in keys], ttl
+
+    def _lookup_one(
+        self, key: str, now: float, ttl: float, pin: float
+    ) -> ObjectMeta | KVStoreError:
+        obj = self.objects.get(key)
+        if obj is None or obj.state is not ObjectState.COMPLETE:
+            self.counters.misses += 1
+            if obj is None:
+                return NotFoundError(f"unknown key {key!r}")
+            return NotReadyError(f"{key!r} is still being written")
+        self.counters.hits += 1
+        leases.extend_lease(obj, now, ttl)
+        leases.extend_pin(obj, now, pin)
+        self.groups.touch(obj.group)
+        return obj
+
+    def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyError_]:
+        """Remove committed keys; leased or pinned ones only with `force`."""
+        now = self.clock()
+        return [self._remove_one(key, force, now) for key in keys]
+
+    def _remove_one(self, key: str, force: bool, now: float) -> KeyError_:
+        obj = self.objects.get(key)
+        if obj is None:
+            return NotFoundError(f"unknown key {key!r}")
+        if obj.state is ObjectState.WRITING:
+            return NotReadyError(f"{key!r} is being written: the writer must revoke")
+        if obj.protected(now) and not force:
+            return NotReadyError(f"{key!r} is leased or pinned")
+        self._drop(obj)
+        return None
+
+    # ---- background duties --------------------------------------------------
+
+    def tick(self) -> tuple[list[str], int, int]:
+        """Periodic duties: (dead nodes dropped, stale puts reclaimed, objects evicted)."""
+        dead = self.expire_nodes()
+        reclaimed = self.reclaim_stale_puts()
+        evicted = self.evict_to_watermark()
+        return dead, reclaimed, evicted
+
+    def expire_nodes(self) -> list[str]:
+        """Declare silent nodes dead: unmount their segments, drop their replicas."""
+        dead = self.registry.dead_nodes(self.clock())
+        for node_id in dead:
+            for seg in self.registry.segments_of(node_id):
+                self.unmount_segment(node_id, seg.name)
+            self.registry.forget(node_id)
+            self.journal.drop_node(node_id)
+        self.counters.dead_nodes += len(dead)
+        return dead
+
+    def reclaim_stale_puts(self) -> int:
+        """Revoke puts whose writer did not commit within `put_timeout_s`."""
+        now = self.clock()
+        stale = []
+        for key, started in self.writing.items():
+            if now - started <= self.config.put_timeout_s:
+                break  # insertion order is start order
+            stale.append(key)
+        for key in stale:
+            self._reclaim(self.objects[key])
+        return len(stale)
+
+    def evict_to_watermark(self) -> int:
+        """Above the high watermark, evict LRU groups until usage is at most the low one."""
+        capacity = self.registry.capacity()
+        used = self.registry.used()
+        if not capacity or used <= self.config.high_watermark * capacity:
+            return 0
+        target = self.config.low_watermark * capacity
+        evicted = 0
+        for group in evictable_groups(self.groups, self.objects, self.clock()):
+            evicted += self._evict_group(group)
+            if self.registry.used() <= target:
+                break
+        return evicted
+
+    # ---- internals ----------------------------------------------------------
+
+    def _stale_write(self, obj: ObjectMeta, now: float) -> bool:
+        return obj.state is ObjectState.WRITING and now - obj.started_at > self.config.put_timeout_s
+
+    def _reclaim(self, obj: ObjectMeta) -> None:
+        self._drop(obj)
+        self.counters.reclaimed_puts += 1
+
+    def _evict_group(self, group: str) -> int:
+        members = sorted(self.groups.members(group))
+        for key in members:
+            self._drop(self.objects[key])
+        self.counters.evictions += len(members)
+        return len(members)
+
+    def _drop(self, obj: ObjectMeta) -> None:
+        """Forget `obj` and free the space of its replicas on mounted segments."""
+        for loc in obj.replicas:
+            seg = self.registry.segments.get((loc.node_id, loc.segment))
+            if seg is not None:
+                seg.release(loc.offset)
+                seg.keys.discard(obj.key)
+        del self.objects[obj.key]
+        self.writing.pop(obj.key, None)
+        self.groups.discard(obj.group, obj.key)
+        if obj.state is ObjectState.COMPLETE:
+            self.journal.drop_object(obj.key)
+
+    # ---- integrity and restore ----------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Assert every cross-index invariant (tests call this after each step)."""
+        self.registry.check_integrity()
+        self.groups.check_integrity(self.objects)
+        by_segment: dict[tuple[str, str], set[str]] = {k: set() for k in self.registry.segments}
+        for key, obj in self.objects.items():
+            assert obj.key == key, f"object indexed under {key!r} is {obj.key!r}"
+            assert obj.replicas, f"{key!r} has no replica"
+            nodes = [r.node_id for r in obj.replicas]
+            assert len(set(nodes)) == len(nodes), f"{key!r} has two replicas on one node"
+            assert (key in self.writing) == (obj.state is ObjectState.WRITING), key
+            for loc in obj.replicas:
+                seg = self.registry.segments[(loc.node_id, loc.segment)]
+                assert seg.allocator.size_of(loc.offset) >= loc.length, f"{key!r} range"
+                by_segment[(loc.node_id, loc.segment)].add(key)
+        for k, seg in self.registry.segments.items():
+            assert seg.keys == by_segment[k], f"segment {k} key index is stale"
+
+    def restore(self) -> int:
+        """Reload nodes, segments and committed objects from the journal; objects loaded.
+
+        Restored nodes get a fresh heartbeat deadline: those that do not heartbeat
+        within `node_ttl_s` are declared dead as usual.
+        """
+        snap = self.journal.load()
+        now = self.clock()
+        for rec in snap.nodes:
+            endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"])
+            self.registry.register(rec["id"], endpoint, now)
+        for rec in snap.segments:
+            self.registry.mount(
+                rec["node"], rec["name"], Tier(rec["tier"]), rec["capacity"], rec["alignment"]
+            )
+        for rec in snap.objects:
+            self._restore_object(rec, now)
+        return len(self.objects)
+
+    def _restore_object(self, rec: dict[str, Any], now: float) -> None:
+        key, size, group = rec["key"], rec["size"], rec["group"]
+        locs = [Location(n, Tier(t), s, o, ln) for n, t, s, o, ln in rec["replicas"]]
+        for loc in locs:
+            seg = self.registry.segment(loc.node_id, loc.segment)
+            seg.allocator.allocate_at(loc.offset, loc.length)
+            seg.keys.add(key)
+        obj = ObjectMeta(key, size, group, ObjectState.COMPLETE, locs, "", now)
+        self.objects[key] = obj
+        self.groups.add(group, key)

@@ -1,0 +1,239 @@
+"""The master's gRPC servicer: decode a request, call `MasterState`, encode the reply.
+
+No policy lives here. Errors of a whole call abort with the status chosen in
+`kvstore.rpc_errors`; errors of one key travel as that key's ErrorCode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.master import leases, queries
+from kvstore.master.metadata import MasterState
+from kvstore.master.model import Endpoint, ObjectMeta, PutItem
+from kvstore.rpc_errors import code_for, translate
+from kvstore.types import Location, ObjectKey, Tier
+from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+Ctx = grpc.aio.ServicerContext
+_OK = master_pb2.KeyStatus()
+
+
+def to_pb_location(loc: Location) -> common_pb2.Location:
+    return common_pb2.Location(
+        node_id=loc.node_id, tier=int(loc.tier), segment=loc.segment,
+        offset=loc.offset, length=loc.length,
+    )  # fmt: skip
+
+
+def from_pb_location(pb: common_pb2.Location) -> Location:
+    return Location(pb.node_id, Tier(pb.tier), pb.segment, pb.offset, pb.length)
+
+
+def key_status(exc: KVStoreError | None) -> master_pb2.KeyStatus:
+    if exc is None:
+        return _OK
+    return master_pb2.KeyStatus(code=code_for(exc), message=str(exc))
+
+
+def _statuses(results: Iterable[KVStoreError | None]) -> list[master_pb2.KeyStatus]:
+    return [key_status(r) for r in results]
+
+
+class MasterServicer(master_pb2_grpc.MasterServicer):
+    """Thin adapter over one `MasterState`; the epoch changes per master start."""
+
+    def __init__(self, state: MasterState, epoch: str) -> None:
+        self.state = state
+        self.epoch = epoch
+
+    def _check_batch(self, n: int) -> None:
+        if n > self.state.config.max_batch:
+            raise BadRequestError(f"batch of {n} exceeds max_batch {self.state.config.max_batch}")
+
+    @translate
+    async def RegisterNode(
+        self, request: master_pb2.RegisterNodeRequest, context: Ctx
+    ) -> master_pb2.RegisterNodeResponse:
+        ep = request.endpoint
+        self.state.register_node(
+            request.node_id, Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address)
+        )
+        cfg = self.state.config
+        return master_pb2.RegisterNodeResponse(
+            master_epoch=self.epoch,
+            node_ttl_ms=int(cfg.node_ttl_s * 1000),
+            heartbeat_interval_ms=int(cfg.heartbeat_interval_s * 1000),
+        )
+
+    @translate
+    async def Heartbeat(
+        self, request: master_pb2.HeartbeatRequest, context: Ctx
+    ) -> master_pb2.HeartbeatResponse:
+        self.state.heartbeat(request.node_id)
+        return master_pb2.HeartbeatResponse(master_epoch=self.epoch)
+
+    @translate
+    async def MountSegment(
+        self, request: master_pb2.MountSegmentRequest, context: Ctx
+    ) -> master_pb2.MountSegmentResponse:
+        if request.tier not in Tier._value2member_map_:
+            raise BadRequestError(f"unknown tier {request.tier}")
+        self.state.mount_segment(
+            request.node_id, request.segment, Tier(request.tier), request.capacity,
+            request.alignment,
+        )  # fmt: skip
+        return master_pb2.MountSegmentResponse()
+
+    @translate
+    async def UnmountSegment(
+        self, request: master_pb2.UnmountSegmentRequest, context: Ctx
+    ) -> master_pb2.UnmountSegmentResponse:
+        dropped, removed = self.state.unmount_segment(request.node_id, request.segment)
+        return master_pb2.UnmountSegmentResponse(dropped_replicas=dropped, removed_objects=removed)
+
+    @translate
+    async def PutStart(
+        self, request: master_pb2.PutStartRequest, context: Ctx
+    ) -> master_pb2.PutStartResponse:
+        self._check_batch(len(request.items))
+        if not request.client_id:
+            raise BadRequestError("client_id must not be empty")
+        parsed = [_parse_item(it) for it in request.items]
+        good = [p for p in parsed if isinstance(p, PutItem)]
+        placed = iter(self.state.put_start(request.client_id, request.client_node, good))
+        results = []
+        for p in parsed:
+            r = next(placed) if isinstance(p, PutItem) else p
+            if isinstance(r, KVStoreError):
+                results.append(master_pb2.PutStartResult(status=key_status(r)))
+            else:
+                locs = [to_pb_location(loc) for loc in r]
+                results.append(master_pb2.PutStartResult(status=_OK, locations=locs))
+        return master_pb2.PutStartResponse(results=results)
+
+    @translate
+    async def PutEnd(
+        self, request: master_pb2.PutEndRequest, context: Ctx
+    ) -> master_pb2.PutEndResponse:
+        self._check_batch(len(request.keys))
+        res = self.state.put_end(request.client_id, request.keys)
+        return master_pb2.PutEndResponse(results=_statuses(res))
+
+    @translate
+    async def PutRevoke(
+        self, request: master_pb2.PutRevokeRequest, context: Ctx
+    ) -> master_pb2.PutRevokeResponse:
+        self._check_batch(len(request.keys))
+        res = self.state.put_revoke(request.client_id, request.keys)
+        return master_pb2.PutRevokeResponse(results=_statuses(res))
+
+    @translate
+    async def BatchLookup(
+        self, request: master_pb2.BatchLookupRequest, context: Ctx
+    ) -> master_pb2.BatchLookupResponse:
+        self._check_batch(len(request.keys))
+        found, ttl = self.state.lookup(
+            request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
+        )
+        results = [_lookup_result(r) for r in found]
+        return master_pb2.BatchLookupResponse(results=results, lease_ttl_ms=int(ttl * 1000))
+
+    @translate
+    async def MatchPrefix(
+        self, request: master_pb2.MatchPrefixRequest, context: Ctx
+    ) -> master_pb2.MatchPrefixResponse:
+        self._check_batch(len(request.keys))
+        res = queries.match_prefix(self.state, request.keys, request.by_group)
+        matches = [
+            master_pb2.PrefixMatch(node_id=m.node_id, tier=int(m.tier), length=m.length)
+            for m in res.matches
+        ]
+        return master_pb2.MatchPrefixResponse(pool_length=res.pool_length, matches=matches)
+
+    @translate
+    async def Remove(
+        self, request: master_pb2.RemoveRequest, context: Ctx
+    ) -> master_pb2.RemoveResponse:
+        self._check_batch(len(request.keys))
+        res = self.state.remove(request.keys, request.force)
+        return master_pb2.RemoveResponse(results=_statuses(res))
+
+    @translate
+    async def Stats(
+        self, request: master_pb2.StatsRequest, context: Ctx
+    ) -> master_pb2.StatsResponse:
+        return stats_to_pb(self.state, self.epoch)
+
+    @translate
+    async def ListObjects(
+        self, request: master_pb2.ListObjectsRequest, context: Ctx
+    ) -> master_pb2.ListObjectsResponse:
+        page, token = queries.list_objects(
+            self.state, request.page_size or 100, request.page_token, request.prefix
+        )
+        now = self.state.clock()
+        objs = [_object_info(o, now) for o in page]
+        return master_pb2.ListObjectsResponse(objects=objs, next_page_token=token)
+
+
+def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
+    try:
+        tier = Tier(pb.tier) if pb.HasField("tier") else None
+        return PutItem(
+            ObjectKey(pb.key), pb.size, pb.replicas or 1, pb.preferred_node, pb.group, tier,
+            pb.pin_ttl_ms / 1000,
+        )  # fmt: skip
+    except KVStoreError as exc:
+        return exc
+    except ValueError as exc:  # Tier() of an unknown value
+        return BadRequestError(f"key {pb.key!r}: {exc}")
+
+
+def _lookup_result(r: ObjectMeta | KVStoreError) -> master_pb2.LookupResult:
+    if isinstance(r, KVStoreError):
+        return master_pb2.LookupResult(status=key_status(r))
+    reps = [to_pb_location(loc) for loc in r.replicas]
+    return master_pb2.LookupResult(status=_OK, size=r.size, replicas=reps, group=r.group)
+
+
+def _object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:
+    return master_pb2.ObjectInfo(
+        key=o.key, size=o.size, state=int(o.state), group=o.group,
+        replicas=[to_pb_location(loc) for loc in o.replicas],
+        lease_ms_left=leases.ms_left(o.lease_until, now),
+        pin_ms_left=leases.ms_left(o.pin_until, now),
+    )  # fmt: skip
+
+
+def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
+    s = queries.stats(state)
+    now = state.clock()
+    nodes = [
+        master_pb2.NodeStats(
+            node_id=n.node_id,
+            endpoint=common_pb2.NodeEndpoint(
+                tcp_address=n.endpoint.tcp_address, shm_host_id=n.endpoint.shm_host_id,
+                rpc_address=n.endpoint.rpc_address,
+            ),
+            ms_since_heartbeat=max(0, int((now - n.last_heartbeat) * 1000)),
+        )
+        for n in s.nodes
+    ]  # fmt: skip
+    segs = [
+        master_pb2.SegmentStats(
+            node_id=g.node_id, segment=g.name, tier=int(g.tier), capacity=g.capacity,
+            used=g.used, replicas=len(g.keys),
+        )
+        for g in s.segments
+    ]  # fmt: skip
+    c = s.counters
+    return master_pb2.StatsResponse(
+        nodes=nodes, segments=segs, objects=s.objects, writing=s.writing,
+        capacity=s.capacity, used=s.used, hits=c.hits, misses=c.misses,
+        evictions=c.evictions, reclaimed_puts=c.reclaimed_puts, dead_nodes=c.dead_nodes,
+        dropped_replicas=c.dropped_replicas, master_epoch=epoch,
+    )  # fmt: skip
