@@ -122,7 +122,7 @@ class SimCluster:
         transfer: TransferModel,
         *,
         pooled: bool,
-        on_done: Callable[[Job], None],
+        on_done: Callable[[Job], None] | None = None,
     ) -> None:
         if not specs:
             raise BadRequestError("empty cluster: no node specs")
@@ -151,7 +151,8 @@ class SimCluster:
                 f"decision names unknown nodes: {job.prefill_node}, {job.decode_node}"
             )
         node = self.nodes[job.prefill_node]
-        job.predicted_s = self.latency.prefill_s(job.req.input_len, 0)
+        cached = hit_tokens(job.req, node.cache.prefix_len(job.req.blocks))
+        job.predicted_s = self.latency.prefill_s(max(job.req.input_len - cached, 1), cached)
         node.prefill_q.append(job)
         self._kick(node)
 
@@ -234,7 +235,8 @@ class SimCluster:
 
     def _finish(self, job: Job) -> None:
         job.finish_s = self.loop.now
-        self.on_done(job)
+        if self.on_done is not None:
+            self.on_done(job)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

@@ -89,10 +89,12 @@ def simulate(
     pooled: bool = True,
     slo: Slo | None = None,
 ) -> list[Outcome]:
-    """Replay `load` through a simulated cluster placed by `policy`; one Outcome per request."""
-    done: dict[int, Job] = {}
-    rejected: dict[int, Outcome] = {}
-    cluster = SimCluster(specs, latency, transfer, pooled=pooled, on_done=lambda j: None)
+    """Replay `load` through a simulated cluster placed by `policy`; one Outcome per request.
+
+    A request the policy rejects (RejectedError) gets a rejected Outcome and never runs.
+    """
+    cluster = SimCluster(specs, latency, transfer, pooled=pooled)
+    outcomes: dict[int, Outcome] = {}
     jobs: list[Job] = []
 
     def arrive(r: TraceRequest) -> None:
@@ -100,7 +102,7 @@ def simulate(
         try:
             d = policy.place(to_request(r, slo), view)
         except RejectedError:
-            rejected[r.req_id] = Outcome(r.req_id, None, None, 0, len(r.blocks), None, None, True)
+            outcomes[r.req_id] = Outcome(r.req_id, None, None, 0, len(r.blocks), None, None, True)
             return
         job = Job(r, d.prefill_node, d.decode_node, cluster.loop.now)
         jobs.append(job)
@@ -110,13 +112,8 @@ def simulate(
         cluster.loop.at(r.arrival_s, lambda r=r: arrive(r))
     cluster.loop.run()
     cluster.check_integrity()
-    for j in jobs:
-        done[j.req.req_id] = j
-    out = [
-        rejected[r.req_id] if r.req_id in rejected else _outcome(done[r.req_id])
-        for r in load.requests
-    ]
-    return out
+    outcomes.update((j.req.req_id, _outcome(j)) for j in jobs)
+    return [outcomes[r.req_id] for r in load.requests]
 
 
 @dataclass(frozen=True, slots=True)
