@@ -1,0 +1,150 @@
+"""A paged KV pool on a torch device, with batched offload/onload to host memory.
+
+Moving scattered blocks one copy at a time is bounded by per-copy overhead (8.6
+GB/s on an H200); gathering them into a device staging buffer and doing one bulk
+copy runs near the link rate (53.6 of 55 GB/s). So `offload` gathers every layer
+with `index_select` into a block-major staging buffer, then copies it to the host
+in one `copy_`; `onload` does the reverse with `index_copy_`. Host buffers are
+pinned only when CUDA is available. On a cpu device the gather writes straight
+into the host tensor (the staging buffer *is* the host tensor): one code path.
+
+Not thread-safe: callers (HbmTier) serialize access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvstore.errors import BadRequestError
+from kvstore.tiers.block_pool import BlockPool
+from kvstore.tiers.kv_layout import HbmConfig, resolve_device
+
+
+class HbmKVPool:
+    """Per-layer KV tensors `[num_blocks, 2, block_tokens, kv_heads, head_dim]` on a device."""
+
+    def __init__(self, config: HbmConfig) -> None:
+        self.config = config
+        self.layout = config.layout
+        self.device = resolve_device(config.device)
+        self.on_cuda = self.device.type == "cuda"
+        shape = (config.num_blocks, *self.layout.layer_block_shape)
+        dtype = self.layout.torch_dtype
+        self.layers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device)
+            for _ in range(self.layout.num_layers)
+        ]
+        self.pool = BlockPool(config.num_blocks)
+        self._dev_staging: torch.Tensor | None = None
+        self._host_staging: torch.Tensor | None = None
+
+    def new_host_buffer(self, n: int) -> torch.Tensor:
+        """A fresh block-major host tensor for `n` blocks (pinned when CUDA is available)."""
+        return torch.empty(
+            self.layout.host_shape(n), dtype=self.layout.torch_dtype, pin_memory=self.on_cuda
+        )
+
+    def host_staging(self, n: int) -> torch.Tensor:
+        """A reused host buffer for `n` blocks; valid until the next call."""
+        if self._host_staging is None or self._host_staging.shape[0] < n:
+            self._host_staging = None  # drop the old one before allocating the larger
+            self._host_staging = self.new_host_buffer(n)
+        return self._host_staging[:n]
+
+    def offload(self, block_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy blocks of every layer to a host tensor [n, num_layers, 2, ...]: gather + 1 copy."""
+        idx = self._index(block_ids, unique=False)
+        out = self._check_host(out, len(block_ids))
+        staging = out if out.device == self.device else self._device_staging(len(block_ids))
+        for layer_no, layer in enumerate(self.layers):
+            torch.index_select(layer, 0, idx, out=staging[:, layer_no])
+        if staging is not out:
+            out.copy_(staging, non_blocking=self._pinned(out))
+        self.sync()
+        return out
+
+    def onload(self, host: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """Write a host tensor [n, num_layers, 2, ...] into blocks: 1 copy + scatter."""
+        idx = self._index(block_ids, unique=True)
+        host = self._check_host(host, len(block_ids))
+        staging = host if host.device == self.device else self._device_staging(len(block_ids))
+        if staging is not host:
+            staging.copy_(host, non_blocking=self._pinned(host))
+        for layer_no, layer in enumerate(self.layers):
+            layer.index_copy_(0, idx, staging[:, layer_no])
+        self.sync()
+
+    def offload_naive(
+        self, block_ids: Sequence[int], out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Baseline: one copy per block per layer. Same result as `offload`."""
+        self._index(block_ids, unique=False)
+        out = self._check_host(out, len(block_ids))
+        non_blocking = self._pinned(out)
+        for i, block_id in enumerate(block_ids):
+            for layer_no, layer in enumerate(self.layers):
+                out[i, layer_no].copy_(layer[block_id], non_blocking=non_blocking)
+        self.sync()
+        return out
+
+    def onload_naive(self, host: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """Baseline: one copy per block per layer. Same result as `onload`."""
+        self._index(block_ids, unique=True)
+        host = self._check_host(host, len(block_ids))
+        non_blocking = self._pinned(host)
+        for i, block_id in enumerate(block_ids):
+            for layer_no, layer in enumerate(self.layers):
+                layer[block_id].copy_(host[i, layer_no], non_blocking=non_blocking)
+        self.sync()
+
+    def sync(self) -> None:
+        """Wait for queued copies on the device (no-op on cpu)."""
+        if self.on_cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def close(self) -> None:
+        """Drop the device tensors and staging buffers."""
+        self.layers = []
+        self._dev_staging = None
+        self._host_staging = None
+
+    def _device_staging(self, n: int) -> torch.Tensor:
+        if self._dev_staging is None or self._dev_staging.shape[0] < n:
+            self._dev_staging = None
+            self._dev_staging = torch.empty(
+                self.layout.host_shape(n), dtype=self.layout.torch_dtype, device=self.device
+            )
+        return self._dev_staging[:n]
+
+    def _pinned(self, host: torch.Tensor) -> bool:
+        return self.on_cuda and host.device.type == "cpu" and host.is_pinned()
+
+    def _index(self, block_ids: Sequence[int], *, unique: bool) -> torch.Tensor:
+        if not self.layers:
+            raise BadRequestError("KV pool is closed")
+        num_blocks = self.pool.num_blocks
+        for block_id in block_ids:
+            if not isinstance(block_id, int) or isinstance(block_id, bool):
+                raise BadRequestError(f"block id must be an int, got {type(block_id).__name__}")
+            if not 0 <= block_id < num_blocks:
+                raise BadRequestError(f"block id {block_id} out of range 0..{num_blocks - 1}")
+        if unique and len(set(block_ids)) != len(block_ids):
+            raise BadRequestError("block ids to write must be distinct")
+        return torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+
+    def _check_host(self, host: torch.Tensor | None, n: int) -> torch.Tensor:
+        if host is None:
+            return self.new_host_buffer(n)
+        expected = self.layout.host_shape(n)
+        if not isinstance(host, torch.Tensor) or tuple(host.shape) != expected:
+            got = tuple(host.shape) if isinstance(host, torch.Tensor) else type(host).__name__
+            raise BadRequestError(f"host tensor must have shape {expected}, got {got}")
+        if host.dtype != self.layout.torch_dtype:
+            raise BadRequestError(f"host tensor dtype {host.dtype} != {self.layout.torch_dtype}")
+        if not host.is_contiguous():
+            raise BadRequestError("host tensor must be contiguous")
+        if host.device.type != "cpu" and host.device != self.device:
+            raise BadRequestError(f"host tensor on {host.device}, pool on {self.device}")
+        return host
