@@ -129,6 +129,16 @@ class SlabFile:
         """Fill aligned `out` from `offset`."""
         self._run(os.preadv, offset, out, pool)
 
+    def read_new(self, offset: int, size: int, pool: Executor | None) -> AlignedBuffer:
+        """Read `size` aligned bytes from `offset` into a new AlignedBuffer."""
+        buf = AlignedBuffer(size)
+        try:
+            self.read(offset, buf.view, pool)
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
     def _run(self, op: IoOp, offset: int, view: memoryview, pool: Executor | None) -> None:
         if offset % self.alignment or len(view) % self.alignment:
             raise ValueError(f"unaligned I/O offset={offset} length={len(view)}")

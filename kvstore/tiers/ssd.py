@@ -16,13 +16,12 @@ least recently used object that is neither pinned nor being read.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import xxhash
 
 from kvstore.errors import (
     BadRequestError,
@@ -37,14 +36,13 @@ from kvstore.errors import (
 from kvstore.tiers.allocator import OffsetAllocator
 from kvstore.tiers.base import BytesLike, EvictCallback, TierStats
 from kvstore.tiers.direct_io import DIRECT, AlignedBuffer, SlabFile, round_up
+from kvstore.tiers.ssd_batch import BatchRunner
 from kvstore.tiers.ssd_handles import SsdConfig, SsdObject, SsdReadHandle, SsdWriteHandle
-from kvstore.tiers.ssd_index import IndexEntry, SsdIndex
-from kvstore.tiers.ssd_recovery import recover
+from kvstore.tiers.ssd_index import IndexEntry, SsdIndex, checksum_of
+from kvstore.tiers.ssd_recovery import check_consistency, recover
 from kvstore.types import ObjectKey, Tier, check_key
 
 __all__ = ["SsdConfig", "SsdTier"]
-
-checksum_of = xxhash.xxh3_64_intdigest
 
 
 class SsdTier:
@@ -55,12 +53,8 @@ class SsdTier:
     def __init__(self, config: SsdConfig) -> None:
         self.config = config
         os.makedirs(config.directory, exist_ok=True)
-        self._slab = SlabFile(
-            os.path.join(config.directory, "slab.dat"),
-            config.capacity_bytes,
-            config.alignment,
-            config.direct_io,
-        )
+        slab_path = os.path.join(config.directory, "slab.dat")
+        self._slab = SlabFile(slab_path, config.capacity_bytes, config.alignment, config.direct_io)
         self._index = SsdIndex(os.path.join(config.directory, "index"), config.sync_index)
         self._alloc = OffsetAllocator(config.capacity_bytes, config.alignment)
         self._lock = threading.Lock()
@@ -68,17 +62,16 @@ class SsdTier:
         self._writing: dict[ObjectKey, SsdWriteHandle | None] = {}
         self._doomed: dict[int, SsdObject] = {}
         self._io_pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix="ssd-io")
-        self._batch_pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix="ssd-batch")
+        self._batch = BatchRunner(config.io_threads, "ssd-batch")
         self._evict_cb: EvictCallback | None = None
         self._stats = TierStats(tier=Tier.SSD, capacity=config.capacity_bytes)
         self._closed = False
-        report = recover(self._index, self._alloc, self._read_checked, config.verify_on_open)
+        read = functools.partial(self._slab.read_new, pool=self._io_pool)
+        report = recover(self._index, self._alloc, read, config.verify_on_open)
         for key, obj in report.objects:
             self._objects[ObjectKey(key)] = obj
         self._generation = report.next_generation
         self._stats.extra.update(report.counters())
-
-    # ---- write path -------------------------------------------------------
 
     def reserve(self, key: ObjectKey, size: int) -> SsdWriteHandle:
         """Claim space for `size` bytes under `key` (not visible until commit)."""
@@ -152,8 +145,6 @@ class SsdTier:
             raise
         self.commit(handle)
 
-    # ---- read path --------------------------------------------------------
-
     def acquire(self, key: ObjectKey) -> SsdReadHandle | None:
         """Read and verify `key` into an aligned buffer held until release."""
         key = check_key(key)
@@ -215,23 +206,19 @@ class SsdTier:
             self._remove_locked(key, obj)
             return True
 
-    # ---- batches ----------------------------------------------------------
-
     def batch_put(self, items: Sequence[tuple[ObjectKey, BytesLike]]) -> list[Exception | None]:
         """Put each pair in parallel; per item None or the error it raised."""
-        return list(self._batch_pool.map(self._try_put, items))
+        return self._batch.put_all(self.put, items)
 
     def batch_get(self, keys: Sequence[ObjectKey]) -> list[bytes | None]:
         """Get each key in parallel; None for absent, still written or corrupt (dropped)."""
         checked = [check_key(key) for key in keys]
-        return list(self._batch_pool.map(self._get_or_none, checked))
+        return self._batch.get_all(self.get, checked)
 
     def batch_exists(self, keys: Sequence[ObjectKey]) -> list[bool]:
         checked = [check_key(key) for key in keys]
         with self._lock:
             return [key in self._objects for key in checked]
-
-    # ---- holds, listing, stats ---------------------------------------------
 
     def pin(self, key: ObjectKey) -> bool:
         """Protect `key` from eviction; False if absent."""
@@ -279,19 +266,7 @@ class SsdTier:
     def check_integrity(self) -> None:
         """Raise AssertionError unless memory, allocator and index agree."""
         with self._lock:
-            self._alloc.check_integrity()
-            held = list(self._objects.values()) + list(self._doomed.values())
-            held += [(h.offset, h.padded) for h in self._writing.values() if h is not None]
-            expected = 0
-            for item in held:
-                offset, padded = (item.offset, item.padded) if isinstance(item, SsdObject) else item
-                got = self._alloc.size_of(offset)
-                assert got == padded, f"slab range at {offset}: allocator {got}, tier {padded}"
-                expected += padded
-            pending = sum(1 for h in self._writing.values() if h is None)
-            if not pending:
-                assert expected == self._alloc.used, f"{expected} held != {self._alloc.used} used"
-            self._check_index_locked()
+            check_consistency(self._objects, self._doomed, self._writing, self._alloc, self._index)
 
     def close(self) -> None:
         """Close the slab file and the index; later calls raise UnavailableError."""
@@ -299,7 +274,7 @@ class SsdTier:
             if self._closed:
                 return
             self._closed = True
-        self._batch_pool.shutdown(wait=True)
+        self._batch.shutdown()
         self._io_pool.shutdown(wait=True)
         self._index.close()
         self._slab.close()
@@ -309,14 +284,6 @@ class SsdTier:
     def _check_open(self) -> None:
         if self._closed:
             raise UnavailableError("SSD tier is closed")
-
-    def _check_index_locked(self) -> None:
-        on_disk = dict(self._index.items())
-        assert set(on_disk) == set(self._objects), "index keys differ from committed keys"
-        for key, obj in self._objects.items():
-            want = IndexEntry(obj.offset, obj.length, obj.checksum, obj.generation)
-            assert on_disk[key] == want, f"index entry of {key!r} is {on_disk[key]}, not {want}"
-            assert obj.readers >= 0 and obj.pins >= 0 and not obj.doomed, f"{key!r} state"
 
     def _claim(self, handle: SsdWriteHandle) -> None:
         """Take a write handle out of the open state, once."""
@@ -381,7 +348,7 @@ class SsdTier:
         self._stats.evictions += 1
 
     def _remove_locked(self, key: ObjectKey, obj: SsdObject) -> None:
-        self._index.delete(key)
+        self._index.delete(key, IndexEntry(obj.offset, obj.length, obj.checksum, obj.generation))
         del self._objects[key]
         if obj.readers:
             obj.doomed = True
@@ -413,24 +380,11 @@ class SsdTier:
             if obj.doomed:
                 self._free_doomed_locked(obj)
 
-    def _read_checked(self, offset: int, padded: int, length: int, checksum: int) -> bool:
-        """Recovery's check: do the slab bytes at `offset` match `checksum`?"""
-        staging = AlignedBuffer(padded)
-        try:
-            self._slab.read(offset, staging.view, self._io_pool)
-            return checksum_of(staging.view[:length]) == checksum
-        finally:
-            staging.close()
-
     def _read_verified(self, key: ObjectKey, obj: SsdObject) -> AlignedBuffer:
-        staging = AlignedBuffer(obj.padded)
-        try:
-            self._slab.read(obj.offset, staging.view, self._io_pool)
-            if checksum_of(staging.view[: obj.length]) != obj.checksum:
-                raise CorruptError(f"{key!r}: checksum mismatch at slab offset {obj.offset}")
-        except BaseException:
+        staging = self._slab.read_new(obj.offset, obj.padded, self._io_pool)
+        if checksum_of(staging.view[: obj.length]) != obj.checksum:
             staging.close()
-            raise
+            raise CorruptError(f"{key!r}: checksum mismatch at slab offset {obj.offset}")
         with self._lock:
             self._stats.bytes_read += obj.length
         return staging
@@ -441,17 +395,3 @@ class SsdTier:
                 self._remove_locked(key, obj)
                 extra = self._stats.extra
                 extra["dropped_corrupt"] = extra.get("dropped_corrupt", 0.0) + 1
-
-    def _try_put(self, item: tuple[ObjectKey, BytesLike]) -> Exception | None:
-        try:
-            key, value = item
-            self.put(key, value)
-        except Exception as exc:
-            return exc
-        return None
-
-    def _get_or_none(self, key: ObjectKey) -> bytes | None:
-        try:
-            return self.get(key)
-        except (NotReadyError, CorruptError):
-            return None
