@@ -31,8 +31,8 @@ class CacheLoadConfig:
     """Knobs of cache_load: balance guard and the local-prefill limits."""
 
     slack: float = 0.25  # a node is overloaded past (1 + slack) x mean queue wait
-    margin_rel: float = 0.25  # an alternative may be this much slower (relative) ...
-    margin_s: float = 0.05  # ... plus this many seconds
+    margin_rel: float = 0.1  # an alternative may be this much slower (relative) ...
+    margin_s: float = 0.0  # ... plus this many seconds
     conditional: bool = False
     max_local_stall_s: float = 0.5  # longest prefill a busy decode node may run locally
 
