@@ -2,7 +2,7 @@
 
     python -m kvstore.transfer.serve --name SEG --size BYTES [--seed N] [--nixl]
 
-Prints the segment descriptor as one JSON line on stdout, then serves until its
+Prints the segment descriptor as one line "descriptor: <json>" on stdout, then serves until its
 stdin closes (the parent exits or closes the pipe), then stops and unlinks.
 `--seed` fills the segment with `pattern(size, seed)`.
 """
@@ -10,17 +10,40 @@ stdin closes (the parent exits or closes the pipe), then stops and unlinks.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import IO
 
 import numpy as np
 
+from kvstore.errors import TransferError
 from kvstore.tiers.shm import SharedSegment
+from kvstore.transfer.base import SegmentDescriptor
 from kvstore.transfer.tcp_server import ServerConfig, TransferServer
+
+READY = b"descriptor: "
+
+
+def read_descriptor(stream: IO[bytes], max_lines: int = 1000) -> SegmentDescriptor:
+    """Read a serving process's stdout up to its descriptor line (skipping logs)."""
+    for _ in range(max_lines):
+        line = stream.readline()
+        if not line:
+            raise TransferError("server process exited before printing its descriptor")
+        if line.startswith(READY):
+            return SegmentDescriptor.from_bytes(line[len(READY) :])
+    raise TransferError(f"no descriptor line in {max_lines} lines of server output")
 
 
 def pattern(size: int, seed: int) -> np.ndarray:
     """Deterministic pseudo-random bytes, the same in every process."""
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
         nixl_engine = NixlEngine()
         desc = nixl_engine.expose(args.name, segment.buffer, base=desc)
-    sys.stdout.write(desc.to_bytes().decode() + "\n")
+    sys.stdout.buffer.write(READY + desc.to_bytes() + b"\n")
     sys.stdout.flush()
+    _silence_stdout()  # nobody reads our stdout now: library logs must not fill the pipe
     try:
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:

@@ -207,10 +207,13 @@ class TransferServer:
 
     def _serve_request(self, conn: socket.socket, header: bytes) -> None:
         op, version, name_len, req_id, offset, length = wire.REQUEST.unpack(header)
-        if version != wire.VERSION or name_len > MAX_NAME_BYTES:
-            conn.sendall(wire.pack_error(req_id, BadRequestError("bad version or name")))
+        if name_len > MAX_NAME_BYTES:
+            conn.sendall(wire.pack_error(req_id, BadRequestError("segment name too long")))
             raise _CloseConnection("bad header")
         name = wire.recv_exact(conn, name_len).decode(errors="replace")
+        if version != wire.VERSION:
+            conn.sendall(wire.pack_error(req_id, BadRequestError(f"bad version {version}")))
+            raise _CloseConnection("bad version")
         if op not in (TransferOp.READ, TransferOp.WRITE):
             conn.sendall(wire.pack_error(req_id, BadRequestError(f"unknown op {op}")))
             raise _CloseConnection("unknown op")

@@ -1,0 +1,128 @@
+"""shm and TCP engines against a real server process on 127.0.0.1: exact bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvstore.errors import BadRequestError, NotFoundError, TooLargeError
+from kvstore.transfer.base import TransferEngine, TransferOp, TransferRequest, raise_first
+from kvstore.transfer.serve import pattern
+from kvstore.transfer.shm import ShmEngine
+from kvstore.transfer.tcp import TcpConfig, TcpEngine
+
+from .conftest import ServerProcess
+
+MiB = 1 << 20
+SEED = 7
+
+
+def _engine(kind: str) -> TransferEngine:
+    if kind == "shm":
+        return ShmEngine()
+    return TcpEngine(TcpConfig(connections=3, chunk_bytes=256 << 10, io_timeout=10))
+
+
+@pytest.fixture
+def server(serve: Callable[..., ServerProcess]) -> ServerProcess:
+    return serve(8 * MiB, seed=SEED)
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_read_returns_exact_bytes(kind: str, server: ServerProcess) -> None:
+    expected = pattern(8 * MiB, SEED)
+    local = np.zeros(3 * MiB + 17, dtype=np.uint8)
+    with _engine(kind) as engine:
+        buf = engine.register("local", local)
+        engine.read(server.desc, 1 * MiB + 5, 3 * MiB + 11, buf, local_offset=6, timeout=20)
+    assert np.array_equal(local[6:], expected[MiB + 5 : 4 * MiB + 16])
+    assert not local[:6].any()
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("tcp", "shm"), ("shm", "tcp")])
+def test_write_is_visible_to_the_other_transport(
+    writer: str, reader: str, server: ServerProcess
+) -> None:
+    data = pattern(2 * MiB + 3, seed=99)
+    back = np.zeros_like(data)
+    with _engine(writer) as w, _engine(reader) as r:
+        w.write(server.desc, 5 * MiB, data.nbytes, w.register("d", data), timeout=20)
+        r.read(server.desc, 5 * MiB, data.nbytes, r.register("b", back), timeout=20)
+    assert np.array_equal(back, data)
+    check = np.zeros(MiB, dtype=np.uint8)  # neighbours untouched
+    with _engine(reader) as r:
+        r.read(server.desc, 4 * MiB, MiB, r.register("c", check), timeout=20)
+    assert np.array_equal(check, pattern(8 * MiB, SEED)[4 * MiB : 5 * MiB])
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_batch_of_many_reads_and_writes(kind: str, server: ServerProcess) -> None:
+    rng = np.random.default_rng(3)
+    expected = pattern(8 * MiB, SEED)
+    block = 64 << 10
+    remote_blocks = rng.permutation(64)[:48]  # blocks 0..63 of the first 4 MiB
+    local = np.zeros(48 * block, dtype=np.uint8)
+    with _engine(kind) as engine:
+        buf = engine.register("local", local)
+        reads = [
+            TransferRequest(TransferOp.READ, server.desc, int(b) * block, block, buf, i * block)
+            for i, b in enumerate(remote_blocks)
+        ]
+        assert engine.submit(reads).wait(20) == [None] * 48
+        for i, b in enumerate(remote_blocks):
+            assert np.array_equal(local[i * block : (i + 1) * block], expected[b * block :][:block])
+        writes = [  # copy the 48 blocks to the second half, in reverse order
+            TransferRequest(
+                TransferOp.WRITE, server.desc, 4 * MiB + i * block, block, buf, (47 - i) * block
+            )
+            for i in range(48)
+        ]
+        raise_first(engine.submit(writes).wait(20))
+        local[:] = 0
+        engine.read(server.desc, 4 * MiB, 48 * block, buf, timeout=20)
+    for i, b in enumerate(remote_blocks[::-1]):
+        assert np.array_equal(local[i * block : (i + 1) * block], expected[b * block :][:block])
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_local_buffer_too_small_fails_before_io(kind: str, server: ServerProcess) -> None:
+    with _engine(kind) as engine:
+        small = engine.register("small", bytearray(100))
+        with pytest.raises(TooLargeError):
+            engine.read(server.desc, 0, 101, small)
+        with pytest.raises(BadRequestError, match="outside segment"):
+            engine.read(server.desc, 8 * MiB - 50, 51, small)
+
+
+def test_tcp_server_rejects_out_of_range_and_stays_healthy(server: ServerProcess) -> None:
+    forged = replace(server.desc, size=1 << 40)  # passes the client-side check
+    missing = replace(server.desc, name="no-such-segment")
+    local = np.zeros(2 * MiB, dtype=np.uint8)
+    with TcpEngine(TcpConfig(connections=1, io_timeout=10)) as engine:
+        buf = engine.register("b", local)
+        reqs = [
+            TransferRequest(TransferOp.READ, forged, 8 * MiB - 10, 11, buf),
+            TransferRequest(TransferOp.WRITE, forged, 9 * MiB, 2 * MiB, buf),
+            TransferRequest(TransferOp.READ, missing, 0, 10, buf),
+            TransferRequest(TransferOp.READ, server.desc, MiB, MiB, buf),
+        ]
+        results = engine.submit(reqs).wait(20)
+        assert isinstance(results[0], BadRequestError) and "outside segment" in str(results[0])
+        assert isinstance(results[1], BadRequestError)
+        assert isinstance(results[2], NotFoundError)
+        assert results[3] is None
+    assert np.array_equal(local[:MiB], pattern(8 * MiB, SEED)[MiB : 2 * MiB])
+
+
+def test_shm_rejects_segments_it_cannot_map(server: ServerProcess) -> None:
+    with ShmEngine() as engine:
+        buf = engine.register("b", bytearray(10))
+        with pytest.raises(BadRequestError, match="not a shared segment"):
+            engine.read(replace(server.desc, shm=False), 0, 10, buf)
+        with pytest.raises(BadRequestError, match="not a shared segment"):
+            engine.read(replace(server.desc, host_id="elsewhere"), 0, 10, buf)
+        with pytest.raises(NotFoundError):
+            engine.read(replace(server.desc, name="kvt-missing-seg"), 0, 10, buf)
