@@ -168,6 +168,14 @@ class OffsetAllocator:
     def is_allocated(self, offset: int) -> bool:
         return offset in self._allocated
 
+    def free_size_at(self, offset: int) -> int:
+        """The size of the free range starting at `offset` (0 if none starts there)."""
+        return self._free_by_start.get(offset, 0)
+
+    def free_start_before(self, end: int) -> int | None:
+        """The start of the free range ending at `end`, or None."""
+        return self._free_by_end.get(end)
+
     def largest_free(self) -> int:
         """The size of the largest free range (0 when full)."""
         if not self._fl_bitmap:

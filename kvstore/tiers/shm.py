@@ -24,10 +24,11 @@ MAX_NAME_BYTES = 255
 
 def new_segment_name(prefix: str = "kvstore") -> str:
     """A fresh, unique segment name such as 'kvstore-3f2a...'."""
-    return _check_name(f"{prefix}-{uuid.uuid4().hex}")
+    return check_segment_name(f"{prefix}-{uuid.uuid4().hex}")
 
 
-def _check_name(name: object) -> str:
+def check_segment_name(name: object) -> str:
+    """Validate a segment name: a non-empty str without '/' or NUL, at most 255 bytes."""
     if not isinstance(name, str) or not name or name in (".", ".."):
         raise BadRequestError(f"segment name must be a non-empty str, got {name!r}")
     if "/" in name or "\0" in name or len(name.encode()) > MAX_NAME_BYTES:
@@ -36,7 +37,7 @@ def _check_name(name: object) -> str:
 
 
 def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, _check_name(name))
+    return os.path.join(SHM_DIR, check_segment_name(name))
 
 
 class SharedSegment:
