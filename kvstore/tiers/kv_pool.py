@@ -7,6 +7,7 @@ with `index_select` into a block-major staging buffer, then copies it to the hos
 in one `copy_`; `onload` does the reverse with `index_copy_`. Host buffers are
 pinned only when CUDA is available. On a cpu device the gather writes straight
 into the host tensor (the staging buffer *is* the host tensor): one code path.
+The only device-specific step is the scatter kernel (see `_scatter_blocks`).
 
 Not thread-safe: callers (HbmTier) serialize access.
 """
@@ -73,7 +74,7 @@ class HbmKVPool:
         if staging is not host:
             staging.copy_(host, non_blocking=self._pinned(host))
         for layer_no, layer in enumerate(self.layers):
-            layer.index_copy_(0, idx, staging[:, layer_no])
+            _scatter_blocks(layer, idx, staging[:, layer_no])
         self.sync()
 
     def offload_naive(
@@ -148,3 +149,13 @@ class HbmKVPool:
         if host.device.type != "cpu" and host.device != self.device:
             raise BadRequestError(f"host tensor on {host.device}, pool on {self.device}")
         return host
+
+
+def _scatter_blocks(layer: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> None:
+    """layer[idx[i]] = src[i]. torch's CPU index_copy_ runs at ~1/4 of memcpy here, numpy's
+    row assignment at memcpy speed, so cpu tensors go through uint8 numpy views."""
+    if layer.device.type != "cpu":
+        layer.index_copy_(0, idx, src)
+        return
+    rows = layer.view(layer.shape[0], -1).view(torch.uint8).numpy()
+    rows[idx.numpy()] = src.reshape(src.shape[0], -1).view(torch.uint8).numpy()

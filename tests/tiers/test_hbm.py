@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -439,3 +444,22 @@ def test_cuda_offload_onload_and_tier(dtype: str) -> None:
     tier.batch_put([(k, value(i)) for i, k in enumerate("abcde")])
     assert tier.batch_get(list("abcde")) == [None, value(1), value(2), value(3), value(4)]
     tier.check_integrity()
+
+
+@pytest.mark.slow
+def test_bench_script_runs_and_verifies() -> None:
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "bench/hbm_offload.py", "--json", "--blocks", "8", "--layers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["verified"] is True and result["bytes_per_pass"] == 8 * 2 * 64 * 1024
+    assert set(result["gbps"]) == {
+        "bulk_d2h",
+        "batched_offload",
+        "naive_offload",
+        "bulk_h2d",
+        "batched_onload",
+        "naive_onload",
+    }
