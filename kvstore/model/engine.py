@@ -43,7 +43,15 @@ def default_device() -> torch.device:
 
 
 class Engine:
-    """A Llama-family decoder: `Engine(config, weights)` or `Engine(config, seed=...)`."""
+    """A Llama-family decoder: `Engine(config, weights)` or `Engine(config, seed=...)`.
+
+    Default mode batches each chunk's projections: fast, but BLAS picks kernels by row
+    count (MKL sgemm on CPU, cuBLAS on GPU), so a token's bits depend on its chunk or
+    decode batch (~1e-6 apart in float32; greedy tokens agree in practice).
+    `batch_invariant=True` computes every token as its own 1-row step, layer by layer:
+    slower, but KV bytes and logits are then bit-identical whatever the chunking and
+    batch composition (prefill and decode nodes must agree on the mode).
+    """
 
     def __init__(
         self,
@@ -52,8 +60,10 @@ class Engine:
         *,
         seed: int = 0,
         device: torch.device | str | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         self.config = config
+        self.batch_invariant = batch_invariant
         self.device = torch.device(device) if device is not None else default_device()
         if weights is None:
             weights = random_weights(config, seed)
@@ -120,12 +130,11 @@ class Engine:
         table = torch.tensor(pa.check_block_table(block_table, end_pos, cache), device=self.device)
         positions = torch.arange(start_pos, end_pos, device=self.device)
         blocks, offsets = pa.slot_mapping(table, positions, cache.block_tokens)
-        h = self.model.model.embed_tokens(ids)
-        for i, layer in enumerate(self.model.model.layers):
-            attend = partial(_attend_one, kv_layers[i], table, blocks, offsets, positions, end_pos)
-            h = layer(h, positions, attend)
-            if on_layer_done is not None:
-                on_layer_done(i)
+        whole = _Span(slice(0, len(ids)), table, blocks, offsets, positions, end_pos)
+        spans = _split_tokens(whole) if self.batch_invariant else [whole]
+        h = self._layers(
+            self.model.model.embed_tokens(ids), positions, spans, kv_layers, on_layer_done
+        )
         return self.model.logits(h[-1:])[0]
 
     @torch.inference_mode()
@@ -135,27 +144,47 @@ class Engine:
         """Feed one token per sequence; return logits [len(seqs), vocab] (float32).
 
         Sequences may join or leave between steps: every step takes whatever is given.
+        Attention runs per sequence; the projections are batched unless batch_invariant.
         """
         if not seqs:
             raise BadRequestError("decode_step needs at least one sequence")
         ids = self._token_tensor([s.token for s in seqs])
         cache = pa.check_kv_cache(self.config, kv_layers, self.device)
-        tables = []
-        for s in seqs:
+        positions = torch.tensor([s.position for s in seqs], device=self.device)
+        spans = []
+        for j, s in enumerate(seqs):
             self._check_span(s.position, s.position + 1)
             table = pa.check_block_table(s.block_table, s.position + 1, cache)
-            tables.append(torch.tensor(table, device=self.device))
-        lengths = [s.position + 1 for s in seqs]
-        positions = torch.tensor([s.position for s in seqs], device=self.device)
-        slots = [
-            pa.slot_mapping(t, positions[j : j + 1], cache.block_tokens)
-            for j, t in enumerate(tables)
-        ]
-        h = self.model.model.embed_tokens(ids)
+            table_t = torch.tensor(table, device=self.device)
+            pos = positions[j : j + 1]
+            blocks, offsets = pa.slot_mapping(table_t, pos, cache.block_tokens)
+            spans.append(_Span(slice(j, j + 1), table_t, blocks, offsets, pos, s.position + 1))
+        h = self._layers(self.model.model.embed_tokens(ids), positions, spans, kv_layers, None)
+        return self.model.logits(h) if not self.batch_invariant else self._row_logits(h)
+
+    def _layers(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        spans: list[_Span],
+        kv_layers: Sequence[torch.Tensor],
+        on_layer_done: LayerCallback | None,
+    ) -> torch.Tensor:
+        """Run every decoder layer; batch_invariant runs each span (one token) alone."""
         for i, layer in enumerate(self.model.model.layers):
-            attend = partial(_attend_each, kv_layers[i], tables, slots, positions, lengths)
-            h = layer(h, positions, attend)
-        return self.model.logits(h)
+            if self.batch_invariant:
+                outs = [
+                    layer(h[s.rows], s.positions, partial(_attend, kv_layers[i], s)) for s in spans
+                ]
+                h = torch.cat(outs)
+            else:
+                h = layer(h, positions, partial(_attend_spans, kv_layers[i], spans))
+            if on_layer_done is not None:
+                on_layer_done(i)
+        return h
+
+    def _row_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.model.logits(h[j : j + 1]) for j in range(h.shape[0])])
 
     @torch.inference_mode()
     def forward_dense(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -189,37 +218,48 @@ class Engine:
         return out
 
 
-def _attend_one(
-    kv_layer: torch.Tensor,
-    table: torch.Tensor,
-    blocks: torch.Tensor,
-    offsets: torch.Tensor,
-    positions: torch.Tensor,
-    length: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-) -> torch.Tensor:
-    """Write one sequence's new K/V, then attend over its first `length` tokens."""
-    pa.write_kv(kv_layer, blocks, offsets, k, v)
-    keys, values = pa.gather_kv(kv_layer, table, length)
-    return pa.paged_attend(q, keys, values, positions)
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """Rows of a step that attend together: tokens of one sequence, in order."""
+
+    rows: slice
+    table: torch.Tensor  # the sequence's block ids
+    blocks: torch.Tensor  # block id of each row's KV slot
+    offsets: torch.Tensor  # offset within that block
+    positions: torch.Tensor
+    length: int  # keys visible to the last row: its position + 1
 
 
-def _attend_each(
-    kv_layer: torch.Tensor,
-    tables: list[torch.Tensor],
-    slots: list[tuple[torch.Tensor, torch.Tensor]],
-    positions: torch.Tensor,
-    lengths: list[int],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+def _split_tokens(span: _Span) -> list[_Span]:
+    """One span per token, so each token is computed alone (batch_invariant)."""
+    n = span.rows.stop - span.rows.start
+    first_row, first_pos = span.rows.start, span.length - n
+    return [
+        _Span(
+            rows=slice(first_row + i, first_row + i + 1),
+            table=span.table,
+            blocks=span.blocks[i : i + 1],
+            offsets=span.offsets[i : i + 1],
+            positions=span.positions[i : i + 1],
+            length=first_pos + i + 1,
+        )
+        for i in range(n)
+    ]
+
+
+def _attend(
+    kv_layer: torch.Tensor, span: _Span, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> torch.Tensor:
-    """Decode: one token per sequence, each attending over its own blocks only."""
-    outs = []
-    for j, (table, (blocks, offsets)) in enumerate(zip(tables, slots, strict=True)):
-        one = slice(j, j + 1)
-        args = (positions[one], lengths[j], q[one], k[one], v[one])
-        outs.append(_attend_one(kv_layer, table, blocks, offsets, *args))
-    return torch.cat(outs)
+    """Write one span's new K/V, then attend over its sequence's first `length` tokens."""
+    pa.write_kv(kv_layer, span.blocks, span.offsets, k, v)
+    keys, values = pa.gather_kv(kv_layer, span.table, span.length)
+    return pa.paged_attend(q, keys, values, span.positions)
+
+
+def _attend_spans(
+    kv_layer: torch.Tensor, spans: list[_Span], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Attention for a batch of rows: each span (sequence) over its own blocks only."""
+    if len(spans) == 1:
+        return _attend(kv_layer, spans[0], q, k, v)
+    return torch.cat([_attend(kv_layer, s, q[s.rows], k[s.rows], v[s.rows]) for s in spans])

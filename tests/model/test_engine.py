@@ -159,3 +159,24 @@ def test_random_weights_are_seeded() -> None:
     wa, wb, wc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
     assert not torch.equal(wa["lm_head.weight"], wc["lm_head.weight"])
+
+
+def test_batch_invariant_mode_is_bit_exact_across_chunks_and_batches() -> None:
+    engine = Engine(ModelConfig.tiny(layers=2), seed=7, device="cpu", batch_invariant=True)
+    tokens, table = prompt(37, seed=5), [2, 0, 1]
+    caches, lasts = [], []
+    for sizes in ([37], [1, 15, 21], [16, 16, 5]):
+        kv = allocate_kv_cache(engine.config, 3, BT)
+        lasts.append(prefill_chunks(engine, tokens, table, kv, sizes))
+        caches.append(kv)
+    for kv in caches[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(caches[0], kv, strict=True))
+    assert all(torch.equal(lasts[0], x) for x in lasts[1:])
+    # the last prompt token fed by decode instead of prefill: same logits, same KV
+    kv = allocate_kv_cache(engine.config, 5, BT)
+    engine.prefill(tokens[:36], table, 0, kv)
+    other = engine.prefill(prompt(20, seed=6), [3, 4], 0, kv)
+    step = SeqState(tokens[36], 36, tuple(table))
+    batch = engine.decode_step([SeqState(int(other.argmax()), 20, (3, 4)), step], kv)
+    assert torch.equal(batch[1], lasts[0])
+    assert all(torch.equal(a, b[:3]) for a, b in zip(caches[0], kv, strict=True))
