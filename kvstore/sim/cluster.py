@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvstore.conductor.api import NodeState, PrefixMatch, Role
+from kvstore.conductor.api import NodeState, Role
 from kvstore.conductor.latency import LatencyModel, TransferModel
 from kvstore.errors import BadRequestError
-from kvstore.sim.cache import BlockPool, TierCapacity, TieredBlockCache, hit_tokens
+from kvstore.sim.cache import TierCapacity, hit_tokens
 from kvstore.sim.events import EventLoop
+from kvstore.sim.pool import make_pool
 from kvstore.sim.traces import BLOCK_TOKENS, TraceRequest
 from kvstore.types import Tier
 
@@ -44,22 +45,6 @@ def uniform_nodes(
     if n <= 0:
         raise BadRequestError(f"a cluster needs at least one node, got {n}")
     return tuple(NodeSpec(f"{prefix}{i}", role, cache, kv_capacity_tokens) for i in range(n))
-
-
-class SimPrefixIndex:
-    """The conductor's PrefixIndex over the nodes' simulated caches."""
-
-    def __init__(self, caches: dict[str, TieredBlockCache]) -> None:
-        self._caches = caches
-
-    def match(self, hashes: Sequence[object]) -> dict[str, PrefixMatch]:
-        found = {}
-        for node_id, cache in self._caches.items():
-            tiers = cache.match_prefix(hashes)  # type: ignore[arg-type]
-            n = sum(tiers.values())
-            if n:
-                found[node_id] = PrefixMatch(n, {t: k for t, k in tiers.items() if k})
-        return found
 
 
 @dataclass(slots=True)
@@ -88,7 +73,6 @@ class SimNode:
     """A node's queues and GPU state, driven by the shared event loop."""
 
     spec: NodeSpec
-    cache: TieredBlockCache
     prefill_q: deque[Job] = field(default_factory=deque)
     mem_wait: deque[Job] = field(default_factory=deque)
     running: list[Job] = field(default_factory=list)
@@ -131,12 +115,10 @@ class SimCluster:
         self.transfer = transfer
         self.pooled = pooled
         self.on_done = on_done
-        self.nodes = {s.node_id: SimNode(s, TieredBlockCache(s.cache)) for s in specs}
+        self.nodes = {s.node_id: SimNode(s) for s in specs}
         if len(self.nodes) != len(specs):
             raise BadRequestError("duplicate node ids in cluster specs")
-        caches = {k: n.cache for k, n in self.nodes.items()}
-        self.index = SimPrefixIndex(caches)
-        self.pool = BlockPool(caches, pooled=pooled)
+        self.pool = make_pool({s.node_id: s.cache for s in specs}, pooled=pooled)
 
     def node_states(self) -> tuple[NodeState, ...]:
         now = self.loop.now
@@ -151,7 +133,7 @@ class SimCluster:
                 f"decision names unknown nodes: {job.prefill_node}, {job.decode_node}"
             )
         node = self.nodes[job.prefill_node]
-        cached = hit_tokens(job.req, node.cache.prefix_len(job.req.blocks))
+        cached = hit_tokens(job.req, self.pool.prefix(node.spec.node_id, job.req.blocks).blocks)
         job.predicted_s = self.latency.prefill_s(max(job.req.input_len - cached, 1), cached)
         node.prefill_q.append(job)
         self._kick(node)

@@ -17,8 +17,9 @@ from kvstore.conductor.api import ClusterView, NodeState, Policy, Request
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.latency import LatencyModel, TransferModel
 from kvstore.errors import BadRequestError
-from kvstore.sim.cache import BlockPool, HitStats, TieredBlockCache, hit_tokens
-from kvstore.sim.cluster import Job, NodeSpec, SimCluster, SimPrefixIndex
+from kvstore.sim.cache import HitStats, hit_tokens
+from kvstore.sim.cluster import Job, NodeSpec, SimCluster
+from kvstore.sim.pool import make_pool
 from kvstore.sim.traces import TraceLoad, TraceRequest
 
 
@@ -98,7 +99,7 @@ def simulate(
     jobs: list[Job] = []
 
     def arrive(r: TraceRequest) -> None:
-        view = ClusterView(cluster.node_states(), cluster.index, pooled=pooled)
+        view = ClusterView(cluster.node_states(), cluster.pool, pooled=pooled)
         try:
             d = policy.place(to_request(r, slo), view)
         except RejectedError:
@@ -137,7 +138,6 @@ class _FifoServer:
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
-        self.cache = TieredBlockCache(spec.cache)
         self.queue: deque[tuple[float, int]] = deque()  # (finish time, prompt tokens)
         self.busy_s = 0.0
 
@@ -173,12 +173,11 @@ def route_only(
     if not specs:
         raise BadRequestError("empty cluster: no node specs")
     servers = {s.node_id: _FifoServer(s) for s in specs}
-    caches = {k: s.cache for k, s in servers.items()}
-    index, pool = SimPrefixIndex(caches), BlockPool(caches, pooled=pooled)
+    pool = make_pool({s.node_id: s.cache for s in specs}, pooled=pooled)
     hb = tb = ht = tt = rejected = 0
     for r in load.requests:
         now = r.arrival_s
-        view = ClusterView(tuple(s.state(now) for s in servers.values()), index, pooled=pooled)
+        view = ClusterView(tuple(s.state(now) for s in servers.values()), pool, pooled=pooled)
         tb += len(r.blocks)
         tt += r.input_len
         try:

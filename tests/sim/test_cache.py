@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from kvstore.sim.cache import (
-    BlockPool,
     LRUBlockCache,
     TierCapacity,
     TieredBlockCache,
@@ -39,20 +38,6 @@ def test_tiered_demotes_and_promotes() -> None:
     c.insert([2])  # promote 2 back to DRAM, 4 goes down
     assert (c.dram.lru_order(), c.ssd.lru_order()) == ([5, 2], [3, 4])
     c.check_integrity()
-
-
-def test_pool_dedupes_and_serves_remote_blocks() -> None:
-    caches = {n: TieredBlockCache(TierCapacity(4)) for n in ("a", "b")}
-    pool = BlockPool(caches, pooled=True)
-    pool.insert("a", [1, 2])
-    pool.insert("b", [1, 2, 3])  # 1, 2 stay on a (refreshed), 3 goes to b
-    assert caches["a"].dram.lru_order() == [1, 2]
-    assert caches["b"].dram.lru_order() == [3]
-    hit = pool.prefix("b", [1, 2, 3, 4])
-    assert (hit.blocks, hit.local, hit.remote[Tier.DRAM]) == (3, {Tier.DRAM: 1, Tier.SSD: 0}, 2)
-    pool.check_integrity()
-    local = BlockPool(caches, pooled=False)
-    assert local.prefix("b", [1, 2, 3]).blocks == 0
 
 
 def test_replay_small_trace_exact() -> None:
