@@ -16,7 +16,7 @@ import sys
 from kvstore.tiers.ssd import SsdConfig, SsdTier
 from kvstore.types import ObjectKey
 
-LIVE = 12
+LIVE = 5
 MAX_OBJECTS = 100_000
 
 

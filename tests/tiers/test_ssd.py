@@ -384,7 +384,7 @@ def read_lines_until(proc: subprocess.Popen[str], commits: int) -> list[str]:
 
 
 def test_kill_9_during_writes_loses_nothing_committed(tmp_path: Path) -> None:
-    directory, capacity = tmp_path / "ssd", 32 * MiB
+    directory, capacity = tmp_path / "ssd", 16 * MiB
     worker = Path(__file__).with_name("ssd_crash_worker.py")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
