@@ -78,6 +78,7 @@ class MasterState:
         for key in sorted(seg.keys):
             obj = self.objects[key]
             obj.replicas = [r for r in obj.replicas if (r.node_id, r.segment) != (node_id, name)]
+            obj.wire = None
             dropped += 1
             if obj.state is ObjectState.WRITING or not obj.replicas:
                 self._drop(obj)

@@ -95,6 +95,9 @@ class ObjectMeta:
     lease_until: float = 0.0
     pin_until: float = 0.0
     pin_ttl_s: float = 0.0
+    # Opaque cache for the service layer (its encoded lookup result); the core
+    # resets it to None whenever `replicas` changes.
+    wire: bytes | None = None
 
     def protected(self, now: float) -> bool:
         """True while a lease or a pin blocks eviction and plain removal."""

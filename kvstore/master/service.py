@@ -139,8 +139,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         found, ttl = self.state.lookup(
             request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
         )
-        results = [_lookup_result(r) for r in found]
-        return master_pb2.BatchLookupResponse(results=results, lease_ttl_ms=int(ttl * 1000))
+        parts = [_as_result_field(_lookup_wire(r)) for r in found]
+        parts.append(
+            master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
+        )
+        # Concatenated encodings of the fields form one message: parsing is C (upb) and lazy.
+        return master_pb2.BatchLookupResponse.FromString(b"".join(parts))
 
     @translate
     async def MatchPrefix(
@@ -198,6 +202,32 @@ def _lookup_result(r: ObjectMeta | KVStoreError) -> master_pb2.LookupResult:
         return master_pb2.LookupResult(status=key_status(r))
     reps = [to_pb_location(loc) for loc in r.replicas]
     return master_pb2.LookupResult(status=_OK, size=r.size, replicas=reps, group=r.group)
+
+
+def _lookup_wire(r: ObjectMeta | KVStoreError) -> bytes:
+    """The encoded LookupResult of a hit, cached on the object (hits repeat; misses do not)."""
+    if isinstance(r, KVStoreError):
+        return _lookup_result(r).SerializeToString()
+    if r.wire is None:
+        r.wire = _lookup_result(r).SerializeToString()
+    return r.wire
+
+
+def _as_result_field(wire: bytes) -> bytes:
+    """`wire` as field 1 (results) of BatchLookupResponse: tag, varint length, bytes."""
+    return _RESULTS_TAG + _varint(len(wire)) + wire
+
+
+_RESULTS_TAG = bytes([(1 << 3) | 2])  # field 1, wire type 2 (length-delimited)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:
