@@ -44,6 +44,8 @@ __all__ = [
     "LatencyModel",
     "NodeState",
     "Policy",
+    "PoolSplit",
+    "PooledPrefixIndex",
     "PrefixIndex",
     "PrefixMatch",
     "RejectedError",
@@ -152,6 +154,28 @@ class PrefixIndex(Protocol):
     def match(self, hashes: Sequence[BlockId]) -> dict[str, PrefixMatch]: ...
 
 
+class PoolSplit(Protocol):
+    """The longest prefix held anywhere in a pool, as blocks per tier on and off one node."""
+
+    @property
+    def local(self) -> Mapping[Tier, int]: ...
+
+    @property
+    def remote(self) -> Mapping[Tier, int]: ...
+
+
+@runtime_checkable
+class PooledPrefixIndex(PrefixIndex, Protocol):
+    """A pooled store's index: a prefix may be spread over several nodes' memory.
+
+    In pooled mode policies use `prefix` when the index has it: node `node_id` loads
+    the `local` blocks from its own tiers and the `remote` ones over the network.
+    Without it they use `match` (the longest run on one node: its own, or one donor's).
+    """
+
+    def prefix(self, node_id: str, hashes: Sequence[BlockId]) -> PoolSplit: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """Nodes and their cached prefixes at the moment of one placement."""
@@ -207,7 +231,9 @@ class Decision:
     predicted_ttft_s: float
     predicted_tbt_s: float
     reason: str
-    source_node: str | None = None  # node the cached prefix is loaded from (pooled mode)
+    # node the cached prefix is loaded from; None when nothing is loaded or when a pooled
+    # index supplies it from several nodes
+    source_node: str | None = None
 
 
 @runtime_checkable

@@ -7,9 +7,16 @@ uncached part. TBT on node d = one decode step of d's batch with this request ad
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvstore.conductor.api import ClusterView, NodeState, PrefixMatch, Request
+from kvstore.conductor.api import (
+    ClusterView,
+    NodeState,
+    PooledPrefixIndex,
+    PrefixMatch,
+    Request,
+)
 from kvstore.conductor.latency import LatencyModel, TransferModel
 from kvstore.types import Tier
 
@@ -59,11 +66,16 @@ class Estimator:
     def prefill_on(
         self, req: Request, node: NodeState, matches: dict[str, PrefixMatch], view: ClusterView
     ) -> PrefillEstimate:
-        """The fastest way to prefill `req` on `node`: its own prefix or (pooled) a donor's."""
-        best = self._option(req, node, node.node_id, matches[node.node_id], view, remote=False)
-        donor = _best_donor(node.node_id, matches) if view.pooled else None
+        """The fastest way to prefill `req` on `node`: its own prefix or (pooled) the pool's."""
+        nid = node.node_id
+        if view.pooled and isinstance(view.index, PooledPrefixIndex):
+            split = view.index.prefix(nid, req.block_hashes)
+            src = nid if not sum(split.remote.values()) else None
+            return self._option(req, node, split.local, split.remote, view, src)
+        best = self._option(req, node, matches[nid].tier_blocks, {}, view, nid)
+        donor = _best_donor(nid, matches) if view.pooled else None
         if donor is not None and matches[donor].blocks > best.cached_blocks:
-            alt = self._option(req, node, donor, matches[donor], view, remote=True)
+            alt = self._option(req, node, {}, matches[donor].tier_blocks, view, donor)
             if alt.ttft_s < best.ttft_s:
                 best = alt
         return best
@@ -72,22 +84,26 @@ class Estimator:
         self,
         req: Request,
         node: NodeState,
-        source: str,
-        match: PrefixMatch,
+        local: Mapping[Tier, int],
+        remote: Mapping[Tier, int],
         view: ClusterView,
-        remote: bool,
+        source: str | None,
     ) -> PrefillEstimate:
-        cached = self.cached_tokens(req, match.blocks, view.block_tokens)
-        scale = cached / (match.blocks * view.block_tokens) if match.blocks else 0.0
-        tier_tokens = {Tier(t): n * view.block_tokens * scale for t, n in match.tier_blocks.items()}
-        load = self.transfer.load_s(tier_tokens, remote=remote) if cached else 0.0
+        """Prefill on `node` loading `local` blocks from its tiers and `remote` ones from others."""
+        blocks = sum(local.values()) + sum(remote.values())
+        cached = self.cached_tokens(req, blocks, view.block_tokens)
+        scale = cached / blocks if blocks else 0.0  # tokens per block actually used
+        load = self.transfer.load_split_s(
+            {Tier(t): n * scale for t, n in local.items()},
+            {Tier(t): n * scale for t, n in remote.items()},
+        )
         compute = self.latency.prefill_s(req.prompt_tokens - cached, cached)
         return PrefillEstimate(
             node_id=node.node_id,
             ttft_s=node.est_queue_wait_s + load + compute,
             load_s=load,
             compute_s=compute,
-            cached_blocks=match.blocks if cached else 0,
+            cached_blocks=blocks if cached else 0,
             cached_tokens=cached,
             source_node=source if cached else None,
         )

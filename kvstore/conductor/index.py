@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from kvstore.conductor.api import BlockId, PrefixMatch
 from kvstore.types import Tier
@@ -40,3 +41,30 @@ class DictPrefixIndex:
             if count:
                 out[node_id] = PrefixMatch(count, tiers)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Blocks per tier of a pooled prefix: on the asking node and on other nodes."""
+
+    local: dict[Tier, int]
+    remote: dict[Tier, int]
+
+
+class PooledDictIndex(DictPrefixIndex):
+    """A DictPrefixIndex that is also a `PooledPrefixIndex`: a prefix may span nodes."""
+
+    def prefix(self, node_id: str, hashes: Sequence[BlockId]) -> Split:
+        """Longest prefix held anywhere; a block on `node_id` is local, else the fastest copy."""
+        local: dict[Tier, int] = {}
+        remote: dict[Tier, int] = {}
+        for block in hashes:
+            mine = self._blocks.get(node_id, {}).get(block)
+            if mine is not None:
+                local[mine] = local.get(mine, 0) + 1
+                continue
+            copies = [held[block] for held in self._blocks.values() if block in held]
+            if not copies:
+                break
+            remote[min(copies)] = remote.get(min(copies), 0) + 1
+        return Split(local, remote)

@@ -55,15 +55,22 @@ class TransferModel:
         bw = self.tier_bytes_per_s[int(tier)]
         return min(bw, self.network_bytes_per_s) if remote else bw
 
-    def load_s(self, tier_tokens: Mapping[Tier, int], remote: bool) -> float:
+    def load_s(self, tier_tokens: Mapping[Tier, float], remote: bool) -> float:
         """Seconds to load `tier_tokens` (tokens per tier); 0 when nothing is loaded."""
-        total = sum(tier_tokens.values())
-        if total <= 0:
-            return 0.0
-        secs = sum(
-            n * self.kv_bytes_per_token / self.bandwidth(t, remote) for t, n in tier_tokens.items()
+        empty: dict[Tier, float] = {}
+        return (
+            self.load_split_s(empty, tier_tokens)
+            if remote
+            else self.load_split_s(tier_tokens, empty)
         )
-        return self.overhead_s + secs
+
+    def load_split_s(self, local: Mapping[Tier, float], remote: Mapping[Tier, float]) -> float:
+        """Seconds to load tokens per tier from this node (`local`) and other nodes (`remote`)."""
+        if sum(local.values()) + sum(remote.values()) <= 0:
+            return 0.0
+        secs = sum(n / self.bandwidth(t, False) for t, n in local.items())
+        secs += sum(n / self.bandwidth(t, True) for t, n in remote.items())
+        return self.overhead_s + secs * self.kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)

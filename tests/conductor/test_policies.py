@@ -9,7 +9,7 @@ import pytest
 from kvstore.conductor import POLICIES, RejectedError, Role, make_policy
 from kvstore.conductor.api import ClusterView, NodeState, Request
 from kvstore.conductor.cache_load import CacheLoadConfig
-from kvstore.conductor.index import DictPrefixIndex
+from kvstore.conductor.index import DictPrefixIndex, PooledDictIndex
 from kvstore.errors import BadRequestError, NoSpaceError
 from kvstore.types import Tier
 
@@ -103,6 +103,22 @@ def test_cache_load_pooled_pulls_prefix_from_busy_node() -> None:
     # p2 loads p1's 8 DRAM blocks over the network: min(1 GB/s, 1 GB/s) -> 0.0008 + 0.02
     assert (d.prefill_node, d.cached_blocks, d.source_node) == ("p2", 8, "p1")
     assert d.predicted_ttft_s == pytest.approx(0.0208)
+
+
+def test_cache_load_pooled_prefix_spread_over_nodes() -> None:
+    idx = PooledDictIndex()
+    idx.add("p1", range(4))  # blocks 0-3 in p1's HBM
+    idx.add("p2", range(4, 8), Tier.DRAM)  # blocks 4-7 in p2's DRAM
+    v = view([node("p1", P), node("p2", P, wait=0.01), node("d1", D)], idx, True)
+    d = make_policy("cache_load", **KW).place(req(1000), v)
+    # p1: 400 kB from its HBM (0.4 us) + 400 kB of DRAM over the network (0.4 ms) + 200 new
+    # p2: 0.01 wait + its own 400 kB DRAM + p1's 400 kB HBM at network speed + 200 new
+    assert (d.prefill_node, d.cached_blocks, d.source_node) == ("p1", 8, None)
+    assert d.predicted_ttft_s == pytest.approx(4e-7 + 4e-4 + 0.02)
+    local_only = make_policy("cache_load", **KW).place(req(1000), view(list(v.nodes), idx))
+    # without pooling p1 sees only its 4 blocks: 0.4 us + 600 new tokens
+    assert (local_only.prefill_node, local_only.cached_blocks) == ("p1", 4)
+    assert local_only.predicted_ttft_s == pytest.approx(4e-7 + 0.06)
 
 
 def test_cache_load_balance_guard_moves_off_overloaded_node() -> None:
