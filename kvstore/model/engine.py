@@ -67,13 +67,16 @@ class Engine:
         self.device = torch.device(device) if device is not None else default_device()
         if weights is None:
             weights = random_weights(config, seed)
+        # Fresh copies: BLAS results can depend on the memory alignment of the weights,
+        # and tensors read from a safetensors file sit at arbitrary offsets.
+        owned = {n: t.to(self.device, config.torch_dtype, copy=True) for n, t in weights.items()}
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
         try:
-            model.load_state_dict(dict(weights), strict=True, assign=True)
+            model.load_state_dict(owned, strict=True, assign=True)
         except RuntimeError as e:
             raise BadRequestError(f"weights do not match the config: {e}") from e
-        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        self.model = model.eval()
 
     @classmethod
     def from_checkpoint(cls, path: str, device: torch.device | str | None = None) -> Engine:
