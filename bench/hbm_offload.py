@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="float16")
+    p.add_argument("--staging-mib", type=int, default=256, help="staging buffer bound (MiB)")
     p.add_argument("--repeat", type=int, help="timed runs per measurement (median taken)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="short run: 128 blocks x 4 layers")
@@ -61,7 +62,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     layers = args.layers or (4 if args.quick or not on_cuda else 32)
     repeat = args.repeat or (3 if args.quick else 5)
     layout = KVLayout(layers, args.block_tokens, args.kv_heads, args.head_dim, args.dtype)
-    kv = HbmKVPool(HbmConfig(layout, 2 * blocks, device=args.device))
+    config = HbmConfig(layout, 2 * blocks, args.device, staging_bytes=args.staging_mib * 2**20)
+    kv = HbmKVPool(config)
     gen = torch.Generator().manual_seed(args.seed)
     for layer in kv.layers:
         layer.copy_(torch.randint(-100, 100, layer.shape, generator=gen).to(layer.dtype))
@@ -95,6 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "layers": layers,
         "layer_block_bytes": layout.block_bytes_per_layer,
         "bytes_per_pass": nbytes,
+        "staging_blocks": config.staging_blocks,
         "repeat": repeat,
         "verified": verified,
         "gbps": gbps,
@@ -112,7 +115,8 @@ def print_table(r: dict[str, object]) -> None:
     print(
         f"HBM <-> host, device={r['device']} pinned={r['pinned_host']}: {r['blocks']} scattered"
         f" blocks x {r['layers']} layers x {r['layer_block_bytes'] // 1024} KiB"
-        f" = {mib:.1f} MiB per pass, median of {r['repeat']}, verified={r['verified']}"
+        f" = {mib:.1f} MiB per pass, staging {r['staging_blocks']} blocks,"
+        f" median of {r['repeat']}, verified={r['verified']}"
     )
     print(f"{'operation':<28}{'GB/s':>10}{'vs bulk':>10}")
     for direction, base in (("offload", "bulk_d2h"), ("onload", "bulk_h2d")):

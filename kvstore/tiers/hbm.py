@@ -165,11 +165,13 @@ class HbmTier:
             self._check_open()
             hits = [(i, e.block_id) for i, e in enumerate(map(self._touch, checked)) if e]
             results: list[bytes | None] = [None] * len(checked)
-            if hits:
-                host = self.kv.offload([b for _, b in hits], out=self.kv.host_staging(len(hits)))
-                for j, (i, _) in enumerate(hits):
+            step = self.config.staging_blocks
+            for start in range(0, len(hits), step):
+                chunk = hits[start : start + step]
+                host = self.kv.offload([b for _, b in chunk], out=self.kv.host_staging(len(chunk)))
+                for j, (i, _) in enumerate(chunk):
                     results[i] = bytes(block_to_bytes(host[j]))
-                self._stats.bytes_read += len(hits) * self.layout.block_bytes
+            self._stats.bytes_read += len(hits) * self.layout.block_bytes
             return results
 
     def size_of(self, key: ObjectKey) -> int | None:
@@ -303,13 +305,15 @@ class HbmTier:
         return key, self._claim(key), data
 
     def _write_staged(self, staged: list[tuple[ObjectKey, int, np.ndarray]]) -> None:
-        if not staged:
-            return
+        """Copy staged values into host staging and onload them, a chunk at a time."""
         try:
-            host = self.kv.host_staging(len(staged))
-            for j, (_, _, data) in enumerate(staged):
-                bytes_into_block(data, host[j])
-            self.kv.onload(host, [block_id for _, block_id, _ in staged])
+            step = self.config.staging_blocks
+            for start in range(0, len(staged), step):
+                chunk = staged[start : start + step]
+                host = self.kv.host_staging(len(chunk))
+                for j, (_, _, data) in enumerate(chunk):
+                    bytes_into_block(data, host[j])
+                self.kv.onload(host, [block_id for _, block_id, _ in chunk])
         except BaseException:
             for key, block_id, _ in staged:
                 del self._entries[key]

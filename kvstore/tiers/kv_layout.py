@@ -72,17 +72,24 @@ class KVLayout:
 
 @dataclass(frozen=True, slots=True)
 class HbmConfig:
-    """A paged KV pool of `num_blocks` blocks on `device` ("auto": cuda if available)."""
+    """A paged KV pool of `num_blocks` blocks on `device` ("auto": cuda if available).
+
+    Batched moves go through staging buffers of at most `staging_bytes` (at least one
+    block), so a large batch is moved in a few bulk copies instead of an unbounded
+    device buffer; 256 MiB keeps the per-copy overhead far below 1% at 55 GB/s."""
 
     layout: KVLayout
     num_blocks: int
     device: str = "auto"
+    staging_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, KVLayout):
             raise BadRequestError("layout must be a KVLayout")
         if not isinstance(self.num_blocks, int) or self.num_blocks <= 0:
             raise BadRequestError(f"num_blocks must be a positive int, got {self.num_blocks!r}")
+        if not isinstance(self.staging_bytes, int) or self.staging_bytes <= 0:
+            raise BadRequestError(f"staging_bytes must be a positive int: {self.staging_bytes!r}")
         if self.device != "auto":
             try:
                 torch.device(self.device)
@@ -92,6 +99,11 @@ class HbmConfig:
     @property
     def capacity_bytes(self) -> int:
         return self.num_blocks * self.layout.block_bytes
+
+    @property
+    def staging_blocks(self) -> int:
+        """Blocks moved per bulk copy."""
+        return max(1, self.staging_bytes // self.layout.block_bytes)
 
 
 def resolve_device(spec: str) -> torch.device:

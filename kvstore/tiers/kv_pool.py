@@ -48,33 +48,30 @@ class HbmKVPool:
         )
 
     def host_staging(self, n: int) -> torch.Tensor:
-        """A reused host buffer for `n` blocks; valid until the next call."""
+        """A reused host buffer for `n` blocks (the caller bounds n); valid until the next call."""
         if self._host_staging is None or self._host_staging.shape[0] < n:
             self._host_staging = None  # drop the old one before allocating the larger
             self._host_staging = self.new_host_buffer(n)
         return self._host_staging[:n]
 
     def offload(self, block_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy blocks of every layer to a host tensor [n, num_layers, 2, ...]: gather + 1 copy."""
+        """Copy blocks of every layer to a host tensor [n, num_layers, 2, ...]: gather + 1 copy
+        per staging chunk."""
         idx = self._index(block_ids, unique=False)
         out = self._check_host(out, len(block_ids))
-        staging = out if out.device == self.device else self._device_staging(len(block_ids))
-        for layer_no, layer in enumerate(self.layers):
-            torch.index_select(layer, 0, idx, out=staging[:, layer_no])
-        if staging is not out:
-            out.copy_(staging, non_blocking=self._pinned(out))
+        for start in range(0, len(block_ids), self.config.staging_blocks):
+            stop = start + self.config.staging_blocks
+            self._gather_into(idx[start:stop], out[start:stop])
         self.sync()
         return out
 
     def onload(self, host: torch.Tensor, block_ids: Sequence[int]) -> None:
-        """Write a host tensor [n, num_layers, 2, ...] into blocks: 1 copy + scatter."""
+        """Write a host tensor [n, num_layers, 2, ...] into blocks: 1 copy + scatter per chunk."""
         idx = self._index(block_ids, unique=True)
         host = self._check_host(host, len(block_ids))
-        staging = host if host.device == self.device else self._device_staging(len(block_ids))
-        if staging is not host:
-            staging.copy_(host, non_blocking=self._pinned(host))
-        for layer_no, layer in enumerate(self.layers):
-            _scatter_blocks(layer, idx, staging[:, layer_no])
+        for start in range(0, len(block_ids), self.config.staging_blocks):
+            stop = start + self.config.staging_blocks
+            self._scatter_from(idx[start:stop], host[start:stop])
         self.sync()
 
     def offload_naive(
@@ -110,6 +107,23 @@ class HbmKVPool:
         self.layers = []
         self._dev_staging = None
         self._host_staging = None
+
+    def _gather_into(self, idx: torch.Tensor, out: torch.Tensor) -> None:
+        """One chunk: gather every layer into staging, then one bulk copy to `out`.
+        Chunks share the staging buffer; stream order keeps them from overlapping."""
+        staging = out if out.device == self.device else self._device_staging(len(idx))
+        for layer_no, layer in enumerate(self.layers):
+            torch.index_select(layer, 0, idx, out=staging[:, layer_no])
+        if staging is not out:
+            out.copy_(staging, non_blocking=self._pinned(out))
+
+    def _scatter_from(self, idx: torch.Tensor, host: torch.Tensor) -> None:
+        """One chunk: one bulk copy of `host` to staging, then scatter every layer."""
+        staging = host if host.device == self.device else self._device_staging(len(idx))
+        if staging is not host:
+            staging.copy_(host, non_blocking=self._pinned(host))
+        for layer_no, layer in enumerate(self.layers):
+            _scatter_blocks(layer, idx, staging[:, layer_no])
 
     def _device_staging(self, n: int) -> torch.Tensor:
         if self._dev_staging is None or self._dev_staging.shape[0] < n:
