@@ -32,11 +32,7 @@ class AllocatorStats:
     largest_free: int
     free_ranges: int
     allocations: int
-
-    @property
-    def fragmentation(self) -> float:
-        """1 - largest_free / free: 0 when all free space is one range (or none is free)."""
-        return 1.0 - self.largest_free / self.free if self.free else 0.0
+    fragmentation: float  # 1 - largest_free / free: 0 when free space is one range or none
 
 
 def _class_of(units: int) -> tuple[int, int]:
@@ -185,13 +181,15 @@ class OffsetAllocator:
         return max(self._bins[fl * SL_COUNT + sl].values())
 
     def stats(self) -> AllocatorStats:
+        free, largest = self._capacity - self._used, self.largest_free()
         return AllocatorStats(
             capacity=self._capacity,
             used=self._used,
-            free=self._capacity - self._used,
-            largest_free=self.largest_free(),
+            free=free,
+            largest_free=largest,
             free_ranges=len(self._free_by_start),
             allocations=len(self._allocated),
+            fragmentation=1.0 - largest / free if free else 0.0,
         )
 
     def free_ranges(self) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from kvstore.errors import BadRequestError, KVStoreError, TooLargeError
@@ -61,6 +62,8 @@ class DramTier:
         self._clock = clock
         name = config.segment_name or new_segment_name("kvstore-dram")
         self._segment = SharedSegment.create(name, config.capacity_bytes)
+        # Unlink the name if the tier is dropped or the interpreter exits unclosed.
+        self._finalizer = weakref.finalize(self, self._segment.unlink)
         self._view: memoryview = self._segment.buffer
         self._index = DramIndex(config, clock, self._on_evict)
         self._lock = threading.Lock()
@@ -291,7 +294,7 @@ class DramTier:
             self._closed = True
             self._index.clear()
             self._segment.close()
-            self._segment.unlink()
+            self._finalizer()
 
     def __enter__(self) -> DramTier:
         return self

@@ -17,7 +17,13 @@ def test_sequential_offsets_are_aligned_and_exact() -> None:
     assert [alloc.size_of(o) for o in (0, 64, 192, 256)] == [64, 128, 64, 128]
     assert alloc.used == 384
     assert alloc.stats() == AllocatorStats(
-        capacity=1024, used=384, free=640, largest_free=640, free_ranges=1, allocations=4
+        capacity=1024,
+        used=384,
+        free=640,
+        largest_free=640,
+        free_ranges=1,
+        allocations=4,
+        fragmentation=0.0,
     )
     alloc.check_integrity()
 

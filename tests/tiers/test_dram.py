@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -423,3 +424,22 @@ def test_peer_process_reads_located_object(clock: FakeClock) -> None:
         )
         assert bytes.fromhex(proc.stdout) == payload
         assert t.locate("missing") is None
+
+
+def test_dropped_tier_unlinks_its_segment(clock: FakeClock) -> None:
+    t = make_tier(4, clock)
+    path = os.path.join(SHM_DIR, t.segment.name)
+    assert os.path.exists(path)
+    del t
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_evict_callback_view_dies_after_the_call(tier: DramTier) -> None:
+    kept: list[memoryview] = []
+    tier.set_evict_callback(lambda key, view: kept.append(view))
+    for key in "abcde":
+        tier.put(key, val(key))
+    assert len(kept) == 1
+    with pytest.raises(ValueError, match="released"):
+        bytes(kept[0])
