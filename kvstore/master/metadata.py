@@ -124,15 +124,32 @@ class MasterState:
         return locs
 
     def _place_or_evict(self, item: PutItem, client_node: str) -> list[Location] | None:
+        """Place `item`; if the pool is full, evict LRU groups that free a usable tier."""
         locs = place(self.registry.live_segments(), item, client_node)
-        if locs is not None:
+        if locs is not None or not self._could_ever_fit(item):
             return locs
         for group in evictable_groups(self.groups, self.objects, self.clock()):
+            if item.tier is not None and not self._group_uses_tier(group, item.tier):
+                continue
             self._evict_group(group)
             locs = place(self.registry.live_segments(), item, client_node)
             if locs is not None:
                 return locs
         return None
+
+    def _could_ever_fit(self, item: PutItem) -> bool:
+        """Whether an empty pool could place `item` (else eviction would be pointless)."""
+        nodes = {
+            s.node_id
+            for s in self.registry.live_segments()
+            if s.capacity >= item.size and (item.tier is None or s.tier == item.tier)
+        }
+        return len(nodes) >= item.replicas
+
+    def _group_uses_tier(self, group: str, tier: Tier) -> bool:
+        return any(
+            r.tier == tier for key in self.groups.members(group) for r in self.objects[key].replicas
+        )
 
     def put_end(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
         """Commit: the keys become visible to lookups. Committing twice is OK."""

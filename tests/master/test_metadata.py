@@ -188,3 +188,22 @@ def test_mount_errors(state: MasterState) -> None:
         state.mount_segment("a", "a-dram", Tier.DRAM, 8192)
     with pytest.raises(NotFoundError):
         state.unmount_segment("a", "nope")
+
+
+def test_hopeless_put_evicts_nothing(state: MasterState) -> None:
+    put(state, item("a1", 512, tier=Tier.SSD))
+    put(state, item("d1", 512, tier=Tier.DRAM, preferred_node="a"))
+    for size, kw in [(1 << 20, {}), (64, {"replicas": 3}), (8192, {"tier": Tier.DRAM})]:
+        [err] = state.put_start("w", "", [item("huge", size, **kw)])
+        assert isinstance(err, NoSpaceError)
+    assert sorted(state.objects) == ["a1", "d1"] and state.counters.evictions == 0
+
+
+def test_eviction_for_a_tier_spares_other_tiers(state: MasterState) -> None:
+    put(state, item("ssd-old", 4096, tier=Tier.SSD))
+    for i in range(3):
+        put(state, item(f"d{i}", 2048, tier=Tier.DRAM))  # a-dram 4096 + b-dram 2048: full
+    [locs] = state.put_start("w", "", [item("new", 2048, tier=Tier.DRAM)])
+    assert isinstance(locs, list) and locs[0].segment == "a-dram"
+    assert sorted(state.objects) == ["d1", "d2", "new", "ssd-old"]  # only d0 (LRU DRAM) went
+    state.check_integrity()

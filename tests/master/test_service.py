@@ -169,3 +169,24 @@ def test_stale_stub_is_detected(tmp_path: Path) -> None:
     (tmp_path / "master_pb2.py").write_text("# edited by hand\n")
     (tmp_path / "common_pb2.pyi").unlink()
     assert regen.stale_files(tmp_path) == ["common_pb2.pyi", "master_pb2.py"]
+
+
+@run
+async def test_cached_lookup_follows_replica_loss(stub, ch, handle) -> None:  # type: ignore[no-untyped-def]
+    await _setup(stub)
+    await stub.RegisterNode(master_pb2.RegisterNodeRequest(node_id="n2"))
+    await stub.MountSegment(
+        master_pb2.MountSegmentRequest(node_id="n2", segment="s2", tier=2, capacity=1 << 20)
+    )
+    items = [master_pb2.PutStartItem(key="k", size=100, replicas=2)]
+    await stub.PutStart(master_pb2.PutStartRequest(client_id="c", client_node="n2", items=items))
+    await stub.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=["k"]))
+    req = master_pb2.BatchLookupRequest(keys=["k"], lease_ttl_ms=1)
+    first = await stub.BatchLookup(req)
+    assert [(r.node_id, r.tier) for r in first.results[0].replicas] == [("n2", 2), ("n1", 1)]
+    assert first.lease_ttl_ms == 1
+    gone = await stub.UnmountSegment(master_pb2.UnmountSegmentRequest(node_id="n2", segment="s2"))
+    assert (gone.dropped_replicas, gone.removed_objects) == (1, 0)
+    again = await stub.BatchLookup(req)
+    assert [r.node_id for r in again.results[0].replicas] == ["n1"]
+    assert again.results[0].size == 100 and again.results[0].group == "k"
