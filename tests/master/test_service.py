@@ -190,3 +190,32 @@ async def test_cached_lookup_follows_replica_loss(stub, ch, handle) -> None:  # 
     again = await stub.BatchLookup(req)
     assert [r.node_id for r in again.results[0].replicas] == ["n1"]
     assert again.results[0].size == 100 and again.results[0].group == "k"
+
+
+def test_restarted_master_keeps_committed_objects(tmp_path: Path) -> None:
+    async def body() -> None:
+        cfg = MasterConfig(listen="127.0.0.1:0", db_path=str(tmp_path / "meta"))
+        first = await serve(cfg)
+        async with grpc.aio.insecure_channel(first.address) as ch:
+            stub = master_pb2_grpc.MasterStub(ch)
+            await _setup(stub)
+            items = [master_pb2.PutStartItem(key=k, size=100) for k in ("done", "half")]
+            await stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=items))
+            await stub.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=["done"]))
+        await first.stop(0)
+        second = await serve(cfg)
+        try:
+            assert second.epoch != first.epoch
+            async with grpc.aio.insecure_channel(second.address) as ch:
+                stub = master_pb2_grpc.MasterStub(ch)
+                await stub.Heartbeat(master_pb2.HeartbeatRequest(node_id="n1"), timeout=5)
+                look = await stub.BatchLookup(master_pb2.BatchLookupRequest(keys=["done", "half"]))
+                assert look.results[0].replicas[0].offset == 0
+                assert look.results[1].status.code == common_pb2.ERROR_CODE_NOT_FOUND
+                end = await stub.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=["half"]))
+                assert end.results[0].code == common_pb2.ERROR_CODE_NOT_FOUND  # writer retries
+            second.state.check_integrity()
+        finally:
+            await second.stop(0)
+
+    asyncio.run(body())
