@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     layout = KVLayout(layers, args.block_tokens, args.kv_heads, args.head_dim, args.dtype)
     config = HbmConfig(layout, 2 * blocks, args.device, staging_bytes=args.staging_mib * 2**20)
     kv = HbmKVPool(config)
-    gen = torch.Generator().manual_seed(args.seed)
-    for layer in kv.layers:
-        layer.copy_(torch.randint(-100, 100, layer.shape, generator=gen).to(layer.dtype))
+    gen = torch.Generator(device=kv.device).manual_seed(args.seed)
+    for layer in kv.layers:  # filled on the device: no multi-GiB host detour
+        layer.random_(0, 100, generator=gen)
     ids = random.Random(args.seed).sample(range(2 * blocks), blocks)  # scattered, shuffled
     host = kv.new_host_buffer(blocks)
     contiguous = torch.empty_like(host, device=kv.device)
@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
     return {
         "device": str(kv.device),
+        "device_name": torch.cuda.get_device_name(kv.device) if kv.on_cuda else "cpu",
         "pinned_host": pinned,
         "blocks": blocks,
         "layers": layers,

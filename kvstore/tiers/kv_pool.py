@@ -56,7 +56,8 @@ class HbmKVPool:
 
     def offload(self, block_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy blocks of every layer to a host tensor [n, num_layers, 2, ...]: gather + 1 copy
-        per staging chunk."""
+        per staging chunk. Without `out` a fresh host tensor is returned (pinned memory comes
+        from torch's caching host allocator); pass `out`, e.g. `host_staging(n)`, to reuse one."""
         idx = self._index(block_ids, unique=False)
         out = self._check_host(out, len(block_ids))
         for start in range(0, len(block_ids), self.config.staging_blocks):
