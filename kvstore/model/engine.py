@@ -42,6 +42,14 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The concrete device ("cuda" becomes "cuda:<current>", so tensors compare equal)."""
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class Engine:
     """A Llama-family decoder: `Engine(config, weights)` or `Engine(config, seed=...)`.
 
@@ -64,7 +72,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.batch_invariant = batch_invariant
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         if weights is None:
             weights = random_weights(config, seed)
         # Fresh copies: BLAS results can depend on the memory alignment of the weights,
