@@ -105,7 +105,7 @@ class _Connection:
     def _finish_early(self, sock: socket.socket, req_id: int) -> None:
         """After a failed send, surface the peer's error reply if one arrived."""
         with contextlib.suppress(OSError, ConnectionError):
-            sock.settimeout(0.5)
+            wire.tune(sock, 0.5)
             status, _, length = wire.RESPONSE.unpack(wire.recv_exact(sock, wire.RESPONSE.size))
             if status != wire.Status.OK:
                 message = wire.recv_exact(sock, min(length, wire.MAX_ERROR_BYTES))
@@ -133,8 +133,7 @@ class _Connection:
                 sock = socket.create_connection(self._addr, timeout=self._config.connect_timeout)
             except OSError as e:
                 raise TransferError(f"cannot connect to {self._addr}: {e}") from e
-            wire.tune(sock)
-            sock.settimeout(self._config.io_timeout)
+            wire.tune(sock, self._config.io_timeout)
             self._sock = sock
         return self._sock
 

@@ -162,8 +162,7 @@ class TransferServer:
             self._start_connection(conn)
 
     def _start_connection(self, conn: socket.socket) -> None:
-        wire.tune(conn)
-        conn.settimeout(self.config.io_timeout)
+        wire.tune(conn, self.config.io_timeout)
         thread = threading.Thread(
             target=self._serve_connection, args=(conn,), name="kvstore-transfer-conn", daemon=True
         )
@@ -194,7 +193,7 @@ class TransferServer:
         while got < len(buf):
             try:
                 n = conn.recv_into(buf[got:])
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
                 if got == 0 and not self._stopping.is_set():
                     continue  # idle pooled connection
                 raise
@@ -223,8 +222,7 @@ class TransferServer:
             self._reject(conn, op, req_id, length, e)
             return
         if op == TransferOp.READ:
-            conn.sendall(wire.pack_response(wire.Status.OK, req_id, length))
-            conn.sendall(target)
+            wire.send_with_header(conn, wire.pack_response(wire.Status.OK, req_id, length), target)
         else:
             wire.recv_into_exact(conn, target)
             conn.sendall(wire.pack_response(wire.Status.OK, req_id, 0))

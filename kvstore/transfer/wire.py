@@ -11,7 +11,6 @@ All integers little-endian. One request in flight per connection.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import struct
 from enum import IntEnum
@@ -95,9 +94,27 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def tune(sock: socket.socket, bufsize: int = 4 << 20) -> None:
-    """No Nagle delay, large kernel buffers: bulk transfers of MiB-sized chunks."""
+def send_with_header(sock: socket.socket, header: bytes, payload: memoryview) -> None:
+    """Send header + payload with one syscall where the kernel takes it all (no copy)."""
+    sent = sock.sendmsg([header, payload])
+    if sent < len(header):
+        sock.sendall(header[sent:])
+        sent = len(header)
+    if sent - len(header) < payload.nbytes:
+        sock.sendall(payload[sent - len(header) :])
+
+
+def tune(sock: socket.socket, timeout: float | None = None) -> None:
+    """No Nagle delay; a blocking socket whose send/recv fail after `timeout` seconds.
+
+    Kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO) rather than `settimeout`, which would
+    add a poll() before every recv/send. A timed-out call raises an OSError
+    (BlockingIOError with EAGAIN).
+    """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
+    sock.settimeout(None)
+    if timeout is not None:
+        seconds = int(timeout)
+        timeval = struct.pack("ll", seconds, int((timeout - seconds) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
