@@ -5,7 +5,8 @@ tier's layout, see `paged_attention`) indexed through per-sequence block tables,
 prefill node can load cached prefix blocks, `prefill` the rest chunk by chunk and
 publish each layer's blocks from `on_layer_done`, and a decode node can batch any set
 of sequences per `decode_step`. Attention runs per sequence, so a sequence's
-attention never mixes with another's; the linear layers are batched.
+attention never mixes with another's; the projections are batched (default) or run
+one token at a time (`batch_invariant=True`, bit-exact whatever the batching).
 """
 
 from __future__ import annotations
