@@ -13,10 +13,14 @@ Object states (see kvstore.tiers.base):
 Eviction: a reserve that would push usage above the high watermark, or that
 finds no fitting free range, evicts least-recently-used objects (get, acquire,
 locate and commit count as use) until usage, new object included, is at most the
-low watermark and the object fits. Pinned, leased, WRITING and acquired objects
+low watermark (or nothing evictable is left) and the object fits. Pinned, leased,
+WRITING and acquired objects
 are never evicted. If no choice of evictions makes the object fit, NoSpaceError
 is raised and nothing is evicted. The evict callback sees each victim's bytes
 before they are freed (for demotion to SSD).
+
+The segment is unlinked by `close`, or when the tier is dropped or the process
+exits; a killed process leaves it in /dev/shm.
 
 Thread-safe with one lock. Copies and the evict callback run under it: a slow
 callback stalls the tier, and it must not call back into the tier (deadlock).

@@ -1,38 +1,18 @@
-"""DramTier: eviction order, protections, two-phase writes, bad input, peers."""
+"""DramTier: eviction order, protections, two-phase writes, batches, threads."""
 
 from __future__ import annotations
 
-import gc
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from kvstore.errors import (
-    BadRequestError,
-    ExistsError,
-    NoSpaceError,
-    NotReadyError,
-    TooLargeError,
-)
+from kvstore.errors import BadRequestError, ExistsError, NoSpaceError, NotReadyError, TooLargeError
 from kvstore.tiers.base import ObjectTier
-from kvstore.tiers.dram import DramConfig, DramTier
-from kvstore.tiers.shm import SHM_DIR
+from kvstore.tiers.dram import DramTier
 from kvstore.types import Tier
-
-BLOCK = 64
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.tiers.dram_util import BLOCK, FakeClock, make_tier, small_tier, val
 
 
 @pytest.fixture
@@ -40,17 +20,9 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make_tier(blocks: int, clock: FakeClock, high: float = 1.0, low: float = 1.0) -> DramTier:
-    config = DramConfig(blocks * BLOCK, high_watermark=high, low_watermark=low, alignment=BLOCK)
-    return DramTier(config, clock=clock)
-
-
 @pytest.fixture
 def tier(clock: FakeClock) -> Iterator[DramTier]:
-    """Four 64-byte slots, evicting only when full, one object at a time."""
-    with make_tier(4, clock) as t:
-        yield t
-        t.check_integrity()
+    yield from small_tier(clock)
 
 
 @pytest.fixture
@@ -58,10 +30,6 @@ def evicted(tier: DramTier) -> list[tuple[str, bytes]]:
     log: list[tuple[str, bytes]] = []
     tier.set_evict_callback(lambda key, view: log.append((key, bytes(view))))
     return log
-
-
-def val(key: str, size: int = BLOCK) -> bytes:
-    return (key.encode() * size)[:size]
 
 
 def test_implements_the_tier_protocol(tier: DramTier) -> None:
@@ -277,99 +245,6 @@ def test_batches(tier: DramTier) -> None:
         tier.batch_get(["a", 5])  # type: ignore[list-item]
 
 
-BAD_CALLS = [
-    ("put", (5, b"x"), BadRequestError),
-    ("put", (b"key", b"x"), BadRequestError),
-    ("put", ("", b"x"), BadRequestError),
-    ("put", ("k", b""), BadRequestError),
-    ("put", ("k", "text"), BadRequestError),
-    ("put", ("k", 42), BadRequestError),
-    ("put", ("k", bytes(4 * BLOCK + 1)), TooLargeError),
-    ("reserve", ("k", 0), BadRequestError),
-    ("reserve", ("k", -1), BadRequestError),
-    ("reserve", ("k", 1.5), BadRequestError),
-    ("reserve", ("k", True), BadRequestError),
-    ("reserve", ("k", 4 * BLOCK + 1), TooLargeError),
-    ("reserve", (None, 8), BadRequestError),
-    ("get", (7,), BadRequestError),
-    ("exists", (None,), BadRequestError),
-    ("remove", (1.0,), BadRequestError),
-    ("pin", (b"a",), BadRequestError),
-    ("lease", ("a", 0), BadRequestError),
-    ("lease", ("a", float("inf")), BadRequestError),
-    ("lease", ("a", "5"), BadRequestError),
-    ("commit", ("not a handle",), BadRequestError),
-    ("get_into", ("a", 12), BadRequestError),
-]
-
-
-@pytest.mark.parametrize(("method", "args", "error"), BAD_CALLS)
-def test_bad_input_is_typed_and_harmless(
-    tier: DramTier, method: str, args: tuple[object, ...], error: type[Exception]
-) -> None:
-    tier.put("a", b"abc")
-    before = (tier.keys(), tier.stats().used)
-    with pytest.raises(error):
-        getattr(tier, method)(*args)
-    tier.check_integrity()
-    assert (tier.keys(), tier.stats().used) == before
-    assert tier.get("a") == b"abc"
-
-
-def test_handle_of_another_tier_is_rejected(tier: DramTier, clock: FakeClock) -> None:
-    with make_tier(4, clock) as other:
-        handle = other.reserve("k", 4)
-        with pytest.raises(BadRequestError):
-            tier.commit(handle)
-        other.abort(handle)
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"capacity_bytes": 0},
-        {"capacity_bytes": 100},
-        {"capacity_bytes": 640, "alignment": 3},
-        {"capacity_bytes": 640, "high_watermark": 0.5, "low_watermark": 0.6},
-        {"capacity_bytes": 640, "low_watermark": 0.0},
-        {"capacity_bytes": 640, "high_watermark": 1.5},
-        {"capacity_bytes": 640, "segment_name": "a/b"},
-    ],
-)
-def test_bad_config(kwargs: dict[str, object]) -> None:
-    with pytest.raises(BadRequestError):
-        DramConfig(**kwargs)  # type: ignore[arg-type]
-
-
-def test_evict_callback_error_still_evicts(tier: DramTier) -> None:
-    def boom(key: str, view: memoryview) -> None:
-        raise RuntimeError("demotion failed")
-
-    tier.set_evict_callback(boom)
-    for key in "abcde":
-        tier.put(key, val(key))
-    assert tier.keys() == ["b", "c", "d", "e"]
-    assert tier.stats().extra["evict_callback_errors"] == 1
-
-
-def test_close_unlinks_segment_and_rejects_use(clock: FakeClock) -> None:
-    t = make_tier(4, clock)
-    t.put("a", b"x")
-    handle = t.reserve("b", 3)
-    reader = t.acquire("a")
-    path = os.path.join(SHM_DIR, t.segment.name)
-    assert os.path.exists(path)
-    t.close()
-    t.close()
-    assert not os.path.exists(path)
-    with pytest.raises(BadRequestError):
-        t.put("c", b"y")
-    with pytest.raises(BadRequestError):
-        t.commit(handle)
-    reader.release()  # type: ignore[union-attr]
-    t.check_integrity()
-
-
 def test_threads_put_and_get_concurrently(clock: FakeClock) -> None:
     with make_tier(64, clock, high=0.9, low=0.7) as t:
         errors: list[BaseException] = []
@@ -394,52 +269,3 @@ def test_threads_put_and_get_concurrently(clock: FakeClock) -> None:
         assert errors == [] and not any(th.is_alive() for th in threads)
         t.check_integrity()
         assert t.stats().evictions == 1200 - t.stats().objects
-
-
-PEER = """
-import sys
-from kvstore.tiers.shm import SharedSegment
-name, offset, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-with SharedSegment.attach(name) as seg:
-    sys.stdout.write(bytes(seg.buffer[offset:offset + length]).hex())
-"""
-
-
-def test_peer_process_reads_located_object(clock: FakeClock) -> None:
-    with make_tier(64, clock) as t:
-        t.put("pad", bytes(100))
-        payload = os.urandom(1000)
-        t.put("obj", payload)
-        assert t.lease("obj", 30.0)
-        location = t.locate("obj")
-        assert location is not None
-        name, offset, length = location
-        assert (name, offset, length) == (t.segment.name, 128, 1000)
-        proc = subprocess.run(
-            [sys.executable, "-c", PEER, name, str(offset), str(length)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        assert bytes.fromhex(proc.stdout) == payload
-        assert t.locate("missing") is None
-
-
-def test_dropped_tier_unlinks_its_segment(clock: FakeClock) -> None:
-    t = make_tier(4, clock)
-    path = os.path.join(SHM_DIR, t.segment.name)
-    assert os.path.exists(path)
-    del t
-    gc.collect()
-    assert not os.path.exists(path)
-
-
-def test_evict_callback_view_dies_after_the_call(tier: DramTier) -> None:
-    kept: list[memoryview] = []
-    tier.set_evict_callback(lambda key, view: kept.append(view))
-    for key in "abcde":
-        tier.put(key, val(key))
-    assert len(kept) == 1
-    with pytest.raises(ValueError, match="released"):
-        bytes(kept[0])
