@@ -94,3 +94,28 @@ def goodput(points: Sequence[SweepPoint], target: float = GOODPUT_ATTAINMENT) ->
             break
         best = p.rate
     return best
+
+
+def refine_goodput(
+    points: Sequence[SweepPoint],
+    run: Callable[[float], LatencySummary],
+    iters: int,
+    target: float = GOODPUT_ATTAINMENT,
+) -> list[SweepPoint]:
+    """Bisect `iters` times between the goodput point and the next (failing) swept rate.
+
+    Returns the extra points measured; `goodput(points + extra)` is then finer. No extra run
+    when every point passes or the lowest one already fails.
+    """
+    pts = sorted(points, key=lambda p: p.rate)
+    lo = goodput(pts, target)
+    above = [p.rate for p in pts if p.rate > lo]
+    if lo == 0.0 or not above:
+        return []
+    hi, extra = above[0], []
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        p = SweepPoint(mid, run(mid))
+        extra.append(p)
+        lo, hi = (mid, hi) if p.summary.attained >= target else (lo, mid)
+    return extra
