@@ -219,3 +219,17 @@ def test_restarted_master_keeps_committed_objects(tmp_path: Path) -> None:
             await second.stop(0)
 
     asyncio.run(body())
+
+
+def test_proto_enums_match_core_types() -> None:
+    from kvstore.master.model import ObjectState
+    from kvstore.types import Tier
+
+    assert {t.name: int(t) for t in Tier} == {
+        n.removeprefix("TIER_"): v for n, v in common_pb2.Tier.items()
+    }
+    assert {s.name: int(s) for s in ObjectState} == {
+        n.removeprefix("OBJECT_STATE_"): v for n, v in master_pb2.ObjectState.items()
+    }
+    codes = [rpc_errors.code_for(cls("x")) for cls in errors.ALL_ERRORS]
+    assert len(set(codes)) == len(codes) and common_pb2.ERROR_CODE_OK not in codes
