@@ -32,6 +32,7 @@ from contextlib import contextmanager
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvstore.master.server import grpc_options
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 TARGET_LOOKUPS = 50_000
@@ -82,7 +83,7 @@ async def gather_limited(jobs: list[Callable[[], Awaitable[None]]], inflight: in
 
 
 async def bench_kvstore(addr: str, args: argparse.Namespace) -> dict[str, float]:
-    async with grpc.aio.insecure_channel(addr) as ch:
+    async with grpc.aio.insecure_channel(addr, options=grpc_options()) as ch:
         stub = master_pb2_grpc.MasterStub(ch)
         await stub.RegisterNode(master_pb2.RegisterNodeRequest(node_id="n1"))
         await stub.MountSegment(

@@ -28,6 +28,7 @@ class MasterConfig:
     max_batch: int = 100_000
     max_page_size: int = 10_000
     tick_interval_s: float = 0.5
+    max_message_bytes: int = 64 << 20
     db_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -42,6 +43,7 @@ class MasterConfig:
             "default_alignment": self.default_alignment,
             "max_batch": self.max_batch,
             "max_page_size": self.max_page_size,
+            "max_message_bytes": self.max_message_bytes,
         }
         for name, value in positive.items():
             if value <= 0:

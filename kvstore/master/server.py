@@ -47,13 +47,22 @@ class MasterHandle:
         self.journal.close()
 
 
+def grpc_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int]]:
+    """Channel/server options for master traffic: big batches, no port sharing."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
 async def serve(config: MasterConfig) -> MasterHandle:
     """Start a master on `config.listen` (port 0 picks a free one) and return its handle."""
     journal: MetaJournal = RocksJournal(config.db_path) if config.db_path else NullJournal()
     state = MasterState(config, journal=journal)
     restored = state.restore()
     epoch = uuid.uuid4().hex
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=grpc_options(config.max_message_bytes))
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(state, epoch), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

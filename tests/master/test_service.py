@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import errors, rpc_errors
 from kvstore.master.config import MasterConfig
-from kvstore.master.server import serve
+from kvstore.master.server import grpc_options, serve
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc, regen
 
 pytestmark = pytest.mark.timeout(60)
@@ -233,3 +233,14 @@ def test_proto_enums_match_core_types() -> None:
     }
     codes = [rpc_errors.code_for(cls("x")) for cls in errors.ALL_ERRORS]
     assert len(set(codes)) == len(codes) and common_pb2.ERROR_CODE_OK not in codes
+
+
+@run
+async def test_big_batch_fits_in_one_message(stub, ch, handle) -> None:  # type: ignore[no-untyped-def]
+    keys = [f"{i:0128x}" for i in range(50_000)]  # ~6.6 MB request: over gRPC's 4 MiB default
+    async with grpc.aio.insecure_channel(handle.address, options=grpc_options()) as big:
+        look = await master_pb2_grpc.MasterStub(big).BatchLookup(
+            master_pb2.BatchLookupRequest(keys=keys)
+        )
+    assert len(look.results) == 50_000
+    assert {r.status.code for r in look.results} == {common_pb2.ERROR_CODE_NOT_FOUND}
