@@ -16,16 +16,21 @@ import contextlib
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
+
+import numpy as np
 
 from kvstore.errors import KVStoreError, NoSpaceError
 
 DIRECT = "direct"
 BUFFERED = "buffered"
 CHUNK_BYTES = 1 << 20
+COPY_WITHOUT_GIL = 1 << 16
 
 IoOp = Callable[[int, Sequence[memoryview], int], int]
+Buffer = memoryview | None
 
 
 class SsdIOError(KVStoreError):
@@ -46,20 +51,83 @@ def round_up(n: int, alignment: int) -> int:
     return (n + alignment - 1) & ~(alignment - 1)
 
 
+def _new_map(size: int) -> mmap.mmap:
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(-1, max(size, mmap.PAGESIZE), flags=flags)
+
+
 class AlignedBuffer:
-    """A page-aligned anonymous mmap; `view` is its whole length, writable."""
+    """A page-aligned anonymous mmap; `view` is the first `size` bytes, writable.
 
-    __slots__ = ("_map", "view")
+    `close` hands the mapping back to its pool (if any) for reuse: a view kept
+    past close may then see another object's bytes.
+    """
 
-    def __init__(self, size: int) -> None:
-        self._map = mmap.mmap(-1, max(size, mmap.PAGESIZE))
+    __slots__ = ("_map", "_pool", "view")
+
+    def __init__(self, size: int, map_: mmap.mmap | None = None, pool: BufferPool | None = None):
+        self._map: mmap.mmap | None = map_ if map_ is not None else _new_map(size)
+        self._pool = pool
         self.view = memoryview(self._map)[:size]
 
     def close(self) -> None:
-        """Unmap now, or at garbage collection if a caller still holds a slice."""
+        """Back to the pool, or unmap (at garbage collection if a slice is still held)."""
+        if self._map is None:
+            return
         self.view.release()
+        map_, self._map = self._map, None
+        if self._pool is not None:
+            self._pool.give_back(map_)
+            return
         with contextlib.suppress(BufferError):
-            self._map.close()
+            map_.close()
+
+
+class BufferPool:
+    """Reused staging buffers. A fresh mmap costs a page fault per page (measured
+    0.26 GB/s to create and fill one here, 0.78 with MAP_POPULATE), so mappings
+    are kept by size class up to `max_bytes` in all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._cached = 0
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def size_class(size: int) -> int:
+        """Powers of two up to 1 MiB, then multiples of 1 MiB."""
+        if size <= CHUNK_BYTES:
+            return max(mmap.PAGESIZE, 1 << (size - 1).bit_length())
+        return round_up(size, CHUNK_BYTES)
+
+    def take(self, size: int) -> AlignedBuffer:
+        cls = self.size_class(size)
+        with self._lock:
+            maps = self._free.get(cls)
+            map_ = maps.pop() if maps else None
+            if map_ is not None:
+                self._cached -= cls
+        return AlignedBuffer(size, map_ if map_ is not None else _new_map(cls), self)
+
+    def give_back(self, map_: mmap.mmap) -> None:
+        cls = len(map_)
+        with self._lock:
+            if self._cached + cls <= self._max:
+                self._free.setdefault(cls, []).append(map_)
+                self._cached += cls
+                return
+        with contextlib.suppress(BufferError):
+            map_.close()
+
+    def clear(self) -> None:
+        with self._lock:
+            maps = [m for ms in self._free.values() for m in ms]
+            self._free.clear()
+            self._cached = 0
+        for map_ in maps:
+            with contextlib.suppress(BufferError):
+                map_.close()
 
 
 class SlabFile:
@@ -116,22 +184,48 @@ class SlabFile:
             buf.close()
         return True
 
-    def write(self, offset: int, data: memoryview, pool: Executor | None) -> None:
-        """Write aligned `data` at `offset` (both multiples of the alignment)."""
-        self._run(os.pwritev, offset, data, pool)
+    def write(
+        self, offset: int, staging: memoryview, pool: Executor | None, source: Buffer = None
+    ) -> None:
+        """Write aligned `staging` at aligned `offset`. With `source`, each chunk task
+        first copies its part of `source` into `staging` (copies run in parallel)."""
+        tasks = []
+        for off, part in self._chunks(offset, staging):
+            src = None if source is None else source[off - offset : off - offset + len(part)]
+            tasks.append((off, part, src))
+        _wait_all([self._submit(pool, len(tasks), self._copy_and_write, *t) for t in tasks])
         if self.mode == BUFFERED:
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 raise map_os_error(exc, f"fdatasync {self.path}") from exc
 
-    def read(self, offset: int, out: memoryview, pool: Executor | None) -> None:
-        """Fill aligned `out` from `offset`."""
-        self._run(os.preadv, offset, out, pool)
+    def read(
+        self, offset: int, staging: memoryview, pool: Executor | None, out: Buffer = None
+    ) -> None:
+        """Fill aligned `staging` from `offset`; with `out`, each chunk task then
+        copies its part on into `out`."""
+        tasks = []
+        for off, part in self._chunks(offset, staging):
+            dst = None if out is None else out[off - offset : off - offset + len(part)]
+            tasks.append((off, part, dst))
+        _wait_all([self._submit(pool, len(tasks), self._read_and_copy, *t) for t in tasks])
 
-    def read_new(self, offset: int, size: int, pool: Executor | None) -> AlignedBuffer:
-        """Read `size` aligned bytes from `offset` into a new AlignedBuffer."""
-        buf = AlignedBuffer(size)
+    def _copy_and_write(self, offset: int, part: memoryview, src: Buffer) -> None:
+        if src is not None:
+            copy_bytes(part[: len(src)], src)
+        self._io_full(os.pwritev, offset, part)
+
+    def _read_and_copy(self, offset: int, part: memoryview, dst: Buffer) -> None:
+        self._io_full(os.preadv, offset, part)
+        if dst is not None:
+            copy_bytes(dst, part[: len(dst)])
+
+    def read_new(
+        self, offset: int, size: int, pool: Executor | None, buffers: BufferPool
+    ) -> AlignedBuffer:
+        """Read `size` aligned bytes from `offset` into a buffer from `buffers`."""
+        buf = buffers.take(size)
         try:
             self.read(offset, buf.view, pool)
         except BaseException:
@@ -139,27 +233,27 @@ class SlabFile:
             raise
         return buf
 
-    def _run(self, op: IoOp, offset: int, view: memoryview, pool: Executor | None) -> None:
+    def _chunks(self, offset: int, view: memoryview) -> list[tuple[int, memoryview]]:
         if offset % self.alignment or len(view) % self.alignment:
             raise ValueError(f"unaligned I/O offset={offset} length={len(view)}")
         if offset + len(view) > self.capacity:
             raise ValueError(f"I/O past the end: offset={offset} length={len(view)}")
-        chunks = [(offset + i, view[i : i + CHUNK_BYTES]) for i in range(0, len(view), CHUNK_BYTES)]
-        if pool is None or len(chunks) == 1:
-            for off, part in chunks:
-                self._io_full(op, off, part)
-            return
-        futures = [pool.submit(self._io_full, op, off, part) for off, part in chunks[1:]]
-        first_error: BaseException | None = None
+        return [(offset + i, view[i : i + CHUNK_BYTES]) for i in range(0, len(view), CHUNK_BYTES)]
+
+    @staticmethod
+    def _submit(
+        pool: Executor | None, n_tasks: int, fn: Callable[..., None], *args: object
+    ) -> Future[None]:
+        """Run one chunk task on the pool, or inline (a done future) for a single chunk."""
+        if pool is not None and n_tasks > 1:
+            return pool.submit(fn, *args)
+        done: Future[None] = Future()
         try:
-            self._io_full(op, *chunks[0])
-        except BaseException as exc:  # wait for the rest before reporting
-            first_error = exc
-        for fut in futures:
-            exc = fut.exception()
-            first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
+            fn(*args)
+            done.set_result(None)
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
 
     def _io_full(self, op: IoOp, offset: int, view: memoryview) -> None:
         """One pwritev/preadv, repeated until the whole view moved (short I/O)."""
@@ -174,6 +268,23 @@ class SlabFile:
             done += n
 
     def close(self) -> None:
+        """Close the file descriptor; idempotent."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """dst[:] = src, without holding the GIL for large copies (numpy releases it),
+    so chunk copies overlap with each other and with I/O."""
+    if len(src) >= COPY_WITHOUT_GIL:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+    else:
+        dst[:] = src
+
+
+def _wait_all(futures: list[Future[None]]) -> None:
+    """Wait for every I/O, then raise the first failure (none is left running)."""
+    errors = [exc for exc in (fut.exception() for fut in futures) if exc is not None]
+    if errors:
+        raise errors[0]

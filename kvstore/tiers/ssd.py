@@ -35,7 +35,7 @@ from kvstore.errors import (
 )
 from kvstore.tiers.allocator import OffsetAllocator
 from kvstore.tiers.base import BytesLike, EvictCallback, TierStats
-from kvstore.tiers.direct_io import DIRECT, AlignedBuffer, SlabFile, round_up
+from kvstore.tiers.direct_io import DIRECT, AlignedBuffer, BufferPool, SlabFile, round_up
 from kvstore.tiers.ssd_batch import BatchRunner
 from kvstore.tiers.ssd_handles import SsdConfig, SsdObject, SsdReadHandle, SsdWriteHandle
 from kvstore.tiers.ssd_index import IndexEntry, SsdIndex, checksum_of
@@ -43,6 +43,8 @@ from kvstore.tiers.ssd_recovery import check_consistency, recover
 from kvstore.types import ObjectKey, Tier, check_key
 
 __all__ = ["SsdConfig", "SsdTier"]
+
+STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse (see BufferPool)
 
 
 class SsdTier:
@@ -66,7 +68,8 @@ class SsdTier:
         self._evict_cb: EvictCallback | None = None
         self._stats = TierStats(tier=Tier.SSD, capacity=config.capacity_bytes)
         self._closed = False
-        read = functools.partial(self._slab.read_new, pool=self._io_pool)
+        self._buffers = BufferPool(min(config.capacity_bytes, STAGING_CACHE_BYTES))
+        read = functools.partial(self._slab.read_new, pool=self._io_pool, buffers=self._buffers)
         report = recover(self._index, self._alloc, read, config.verify_on_open)
         for key, obj in report.objects:
             self._objects[ObjectKey(key)] = obj
@@ -93,7 +96,7 @@ class SsdTier:
                 del self._writing[key]
             raise
         try:
-            handle.staging = AlignedBuffer(padded)
+            handle.staging = self._buffers.take(padded)
         except BaseException:
             self._drop_writing(handle)
             raise
@@ -103,27 +106,7 @@ class SsdTier:
 
     def commit(self, handle: SsdWriteHandle) -> None:
         """Write the staged bytes to the slab, then index them: now visible."""
-        self._claim(handle)
-        try:
-            view = handle.staging.view if handle.staging else None
-            if view is None:
-                raise BadRequestError(f"write handle of {handle.key!r} is closed")
-            checksum = checksum_of(view[: handle.size])
-            self._slab.write(handle.offset, view, self._io_pool)
-            with self._lock:
-                self._generation += 1
-                obj = SsdObject(
-                    handle.offset, handle.size, handle.padded, checksum, self._generation
-                )
-                entry = IndexEntry(obj.offset, obj.length, checksum, obj.generation)
-                self._index.put(handle.key, entry)
-                del self._writing[handle.key]
-                self._objects[handle.key] = obj
-                self._stats.bytes_written += handle.size
-        except BaseException:
-            self._drop_writing(handle)
-            raise
-        handle.close()
+        self._commit(handle, None)
 
     def abort(self, handle: SsdWriteHandle) -> None:
         """Give up a reservation; its space is free at once."""
@@ -137,13 +120,7 @@ class SsdTier:
         data = memoryview(value).cast("B")
         if not data.nbytes:
             raise BadRequestError(f"zero-length value for {key!r}")
-        handle = self.reserve(key, data.nbytes)
-        try:
-            handle.buffer[:] = data
-        except BaseException:
-            self.abort(handle)
-            raise
-        self.commit(handle)
+        self._commit(self.reserve(key, data.nbytes), data)
 
     def acquire(self, key: ObjectKey) -> SsdReadHandle | None:
         """Read and verify `key` into an aligned buffer held until release."""
@@ -151,13 +128,7 @@ class SsdTier:
         obj = self._begin_read(key)
         if obj is None:
             return None
-        try:
-            staging = self._read_verified(key, obj)
-        except BaseException as exc:
-            self._end_read(obj)
-            if isinstance(exc, CorruptError):
-                self._drop_corrupt(key, obj)
-            raise
+        staging = self._read_held(key, obj, None)
         return SsdReadHandle(key, obj.length, staging, lambda: self._end_read(obj))
 
     def get(self, key: ObjectKey) -> bytes | None:
@@ -168,19 +139,20 @@ class SsdTier:
             return bytes(handle.buffer)
 
     def get_into(self, key: ObjectKey, out: memoryview) -> int | None:
-        """Copy `key` into `out`; its size, or None if absent."""
-        if not isinstance(out, memoryview) or out.readonly:
-            raise BadRequestError("out must be a writable memoryview")
+        """Read `key` into `out` (chunks copied as they arrive); its size, or None."""
+        key = check_key(key)
+        if not isinstance(out, memoryview) or out.readonly or not out.c_contiguous:
+            raise BadRequestError("out must be a writable, contiguous memoryview")
         out = out.cast("B")
-        size = self.size_of(key)
-        if size is not None and size > out.nbytes:
-            raise TooLargeError(f"{key!r} has {size} bytes, out holds {out.nbytes}")
-        handle = self.acquire(key)
-        if handle is None:
+        obj = self._begin_read(key)
+        if obj is None:
             return None
-        with handle:
-            out[: handle.size] = handle.buffer
-            return handle.size
+        if obj.length > out.nbytes:
+            self._end_read(obj)
+            raise TooLargeError(f"{key!r} has {obj.length} bytes, out holds {out.nbytes}")
+        self._read_held(key, obj, out[: obj.length]).close()
+        self._end_read(obj)
+        return obj.length
 
     def size_of(self, key: ObjectKey) -> int | None:
         key = check_key(key)
@@ -278,6 +250,7 @@ class SsdTier:
         self._io_pool.shutdown(wait=True)
         self._index.close()
         self._slab.close()
+        self._buffers.clear()
 
     # ---- internals ----------------------------------------------------------
 
@@ -380,9 +353,51 @@ class SsdTier:
             if obj.doomed:
                 self._free_doomed_locked(obj)
 
-    def _read_verified(self, key: ObjectKey, obj: SsdObject) -> AlignedBuffer:
-        staging = self._slab.read_new(obj.offset, obj.padded, self._io_pool)
-        if checksum_of(staging.view[: obj.length]) != obj.checksum:
+    def _commit(self, handle: SsdWriteHandle, source: memoryview | None) -> None:
+        """Checksum, write (copying `source` in chunk by chunk, if given), index."""
+        self._claim(handle)
+        try:
+            view = handle.staging.view if handle.staging else None
+            if view is None:
+                raise BadRequestError(f"write handle of {handle.key!r} is closed")
+            checksum = checksum_of(view[: handle.size] if source is None else source)
+            self._slab.write(handle.offset, view, self._io_pool, source)
+            with self._lock:
+                self._generation += 1
+                obj = SsdObject(
+                    handle.offset, handle.size, handle.padded, checksum, self._generation
+                )
+                entry = IndexEntry(obj.offset, obj.length, checksum, obj.generation)
+                self._index.put(handle.key, entry)
+                del self._writing[handle.key]
+                self._objects[handle.key] = obj
+                self._stats.bytes_written += handle.size
+        except BaseException:
+            self._drop_writing(handle)
+            raise
+        handle.close()
+
+    def _read_held(self, key: ObjectKey, obj: SsdObject, out: memoryview | None) -> AlignedBuffer:
+        """Read an object this thread holds; on failure let go (and drop it if corrupt)."""
+        try:
+            return self._read_verified(key, obj, out)
+        except BaseException as exc:
+            self._end_read(obj)
+            if isinstance(exc, CorruptError):
+                self._drop_corrupt(key, obj)
+            raise
+
+    def _read_verified(
+        self, key: ObjectKey, obj: SsdObject, out: memoryview | None = None
+    ) -> AlignedBuffer:
+        staging = self._buffers.take(obj.padded)
+        try:
+            self._slab.read(obj.offset, staging.view, self._io_pool, out)
+            got = checksum_of(staging.view[: obj.length] if out is None else out)
+        except BaseException:
+            staging.close()
+            raise
+        if got != obj.checksum:
             staging.close()
             raise CorruptError(f"{key!r}: checksum mismatch at slab offset {obj.offset}")
         with self._lock:
