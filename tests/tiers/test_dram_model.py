@@ -70,6 +70,23 @@ class DramMachine(RuleBasedStateMachine):
             self.model.drop(key)
         self.evicted.clear()
 
+    def _assert_nothing_fits(self, size: int) -> None:
+        """After NoSpaceError: even evicting every unprotected object leaves no
+        free run of `size` aligned bytes (checked against the allocator's ranges)."""
+        alloc = self.tier._index.alloc
+        spans = alloc.free_ranges()
+        for key in self.model.values:
+            if not self.model.protected(key, self.now):
+                entry = self.tier._index.objects[key]
+                spans.append((entry.offset, alloc.aligned(entry.size)))
+        best, run_start, run_end = 0, 0, -1
+        for offset, length in sorted(spans):
+            if offset != run_end:
+                run_start = offset
+            run_end = offset + length
+            best = max(best, run_end - run_start)
+        assert best < alloc.aligned(size), f"{size} bytes would fit after evictions"
+
     def _expect_new(self, key: str) -> bool:
         return key not in self.model.values and key not in self.writing
 
@@ -84,6 +101,7 @@ class DramMachine(RuleBasedStateMachine):
             self.tier.put(key, data)
         except NoSpaceError:
             assert self.evicted == []
+            self._assert_nothing_fits(size)
             return
         self._check_evictions()
         self.model.values[key] = data
@@ -98,6 +116,7 @@ class DramMachine(RuleBasedStateMachine):
             handle = self.tier.reserve(key, size)
         except NoSpaceError:
             assert self.evicted == []
+            self._assert_nothing_fits(size)
             return
         self._check_evictions()
         self.writing[key] = (handle, self._value(size))
