@@ -126,7 +126,7 @@ class TieredStore:
         for kind in self._order:
             value = self._tiers[kind].get(key)
             if value is not None:
-                self._note_hit(key, kind)
+                self._note_hit(key, kind, value)
                 return value
         return None
 
@@ -137,7 +137,7 @@ class TieredStore:
         for kind in self._order:
             size = self._tiers[kind].get_into(key, view)
             if size is not None:
-                self._note_hit(key, kind)
+                self._note_hit(key, kind, view[:size])
                 return size
         return None
 
@@ -203,7 +203,7 @@ class TieredStore:
 
     # ---- movement between tiers ---------------------------------------------------------
 
-    def _note_hit(self, key: ObjectKey, kind: Tier) -> None:
+    def _note_hit(self, key: ObjectKey, kind: Tier, value: BytesLike) -> None:
         if kind == self._order[0]:
             return
         with self._lock:
@@ -213,13 +213,13 @@ class TieredStore:
                 while len(self._hits) > self.config.max_tracked_keys:
                     self._hits.popitem(last=False)
                 return
-            self._promote(key, kind)
+            self._promote(key, kind, value)
 
-    def _promote(self, key: ObjectKey, source: Tier) -> None:
-        """Move `key` from `source` to the next faster tier that accepts it."""
-        value = self._tiers[source].get(key)
-        if value is None:
-            return
+    def _promote(self, key: ObjectKey, source: Tier, value: BytesLike) -> None:
+        """Move `key` (whose bytes the caller just read) from `source` to the next
+        faster tier that accepts it."""
+        if not self._tiers[source].exists(key):
+            return  # removed or demoted further since the read
         for target in reversed([k for k in self._order if k < source]):
             try:
                 self._tiers[target].put(key, value)
