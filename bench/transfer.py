@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -56,39 +57,39 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class Runner:
+    """One measured thing: `run()` moves `total` bytes once; `close()` frees it."""
+
+    transport: str
+    op: str
+    baseline: str  # the transport this row is compared with ("" for a baseline)
+    run: Callable[[], None]
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True, slots=True)
 class Ctx:
-    """What a row-producing function gets: the served segment and the plan."""
+    """The plan and the served segment, given to every runner factory."""
 
     desc: SegmentDescriptor
-    total: int
+    total: int  # bytes moved per run (total // size objects)
     repeats: int
     connections: int
-    baselines: dict[tuple[str, int, str], float]  # (name, size, op) -> GB/s
-
-
-def _median_gbps(total: int, repeats: int, run: Callable[[], None]) -> float:
-    run()  # warm-up: page faults, connections, mappings
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return total / statistics.median(times) / 1e9
+    raw_port: int
 
 
 # -- baselines ------------------------------------------------------------------
 
 
-def memcpy_gbps(size: int, total: int, repeats: int) -> float:
-    src = np.ones(total, dtype=np.uint8)
-    dst = np.ones(total, dtype=np.uint8)
-    count = total // size
+def memcpy_runner(ctx: Ctx, size: int) -> Runner:
+    src = np.ones(ctx.total, dtype=np.uint8)
+    dst = np.ones(ctx.total, dtype=np.uint8)
 
     def run() -> None:
-        for i in range(count):
-            dst[i * size : (i + 1) * size] = src[i * size : (i + 1) * size]
+        for i in range(0, ctx.total, size):
+            dst[i : i + size] = src[i : i + size]
 
-    return _median_gbps(total, repeats, run)
+    return Runner("memcpy", "copy", "", run)
 
 
 def _raw_serve_conn(conn: socket.socket, mem: memoryview) -> None:
@@ -106,7 +107,7 @@ def _raw_serve_conn(conn: socket.socket, mem: memoryview) -> None:
         conn.close()
 
 
-def raw_server(size: int, port_out: mp.connection.Connection) -> None:
+def raw_server(size: int, port_out: Connection) -> None:
     """Process body: serve raw GET/PUT requests (op, offset, length) over plain sockets."""
     mem = memoryview(np.ones(size, dtype=np.uint8)).cast("B")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -117,94 +118,97 @@ def raw_server(size: int, port_out: mp.connection.Connection) -> None:
         threading.Thread(target=_raw_serve_conn, args=(conn, mem), daemon=True).start()
 
 
-def raw_socket_gbps(port: int, size: int, ctx: Ctx, op: int) -> float:
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(ctx.connections)]
+def raw_runner(ctx: Ctx, size: int, op: int) -> Runner:
+    """Plain blocking sockets, `connections` threads, one request per object."""
+    socks = [socket.create_connection(("127.0.0.1", ctx.raw_port)) for _ in range(ctx.connections)]
     for sock in socks:
         tune(sock)
     local = memoryview(np.ones(ctx.total, dtype=np.uint8)).cast("B")
-    count = ctx.total // size
     ack = memoryview(bytearray(1))
 
-    def lane(t: int) -> None:
-        sock = socks[t]
-        for i in range(t, count, len(socks)):
-            sock.sendall(RAW_REQ.pack(op, i * size, size))
+    def lane(sock: socket.socket, first: int) -> None:
+        for i in range(first * size, ctx.total, size * len(socks)):
+            sock.sendall(RAW_REQ.pack(op, i, size))
             if op == 1:
-                recv_into_exact(sock, local[i * size : (i + 1) * size])
+                recv_into_exact(sock, local[i : i + size])
             else:
-                sock.sendall(local[i * size : (i + 1) * size])
+                sock.sendall(local[i : i + size])
                 recv_into_exact(sock, ack)
 
     def run() -> None:
-        threads = [threading.Thread(target=lane, args=(t,)) for t in range(len(socks))]
+        threads = [threading.Thread(target=lane, args=(s, t)) for t, s in enumerate(socks)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
 
-    try:
-        return _median_gbps(ctx.total, ctx.repeats, run)
-    finally:
+    def close() -> None:
         for sock in socks:
             sock.close()
+
+    return Runner("raw socket", "get" if op == 1 else "put", "", run, close)
 
 
 # -- transports ------------------------------------------------------------------
 
 
-def engine_gbps(kind: str, size: int, ctx: Ctx, op: TransferOp) -> float:
+def engine_runner(ctx: Ctx, size: int, kind: str, op: TransferOp) -> Runner:
+    """Our engine: all objects of one run as one batch."""
     engine = make_engine(kind, tcp=TcpConfig(connections=ctx.connections))
     local = np.ones(ctx.total, dtype=np.uint8)
     buf = engine.register("bench", local)
-    batch = [
-        TransferRequest(op, ctx.desc, i * size, size, buf, i * size)
-        for i in range(ctx.total // size)
-    ]
-    try:
-        return _median_gbps(
-            ctx.total, ctx.repeats, lambda: raise_first(engine.submit(batch).wait(120))
-        )
-    finally:
-        engine.close()
+    batch = [TransferRequest(op, ctx.desc, i, size, buf, i) for i in range(0, ctx.total, size)]
+    baseline = "memcpy" if kind in ("shm", "nixl") else "raw socket"
+    name = "get" if op == TransferOp.READ else "put"
+    return Runner(
+        kind, name, baseline, lambda: raise_first(engine.submit(batch).wait(120)), engine.close
+    )
 
 
-def transport_rows(ctx: Ctx, kinds: list[str]) -> list[Row]:
-    rows = []
-    for size in SIZES:
-        for kind in kinds:
-            for op, name in ((TransferOp.READ, "get"), (TransferOp.WRITE, "put")):
-                base = "memcpy" if kind in ("shm", "nixl") else "raw socket"
-                rows.append(
-                    Row(
-                        size,
-                        kind,
-                        name,
-                        engine_gbps(kind, size, ctx, op),
-                        base,
-                        ctx.baselines[(base, size, name)],
-                    )
-                )
-    return rows
+def transport_runners(ctx: Ctx, size: int, kinds: list[str]) -> list[Runner]:
+    runners = [memcpy_runner(ctx, size), raw_runner(ctx, size, 1), raw_runner(ctx, size, 2)]
+    for kind in kinds:
+        runners += [engine_runner(ctx, size, kind, op) for op in TransferOp]
+    return runners
 
 
-def extra_rows(ctx: Ctx) -> list[Row]:
-    """LEAD: add the kvstore-client and Mooncake-store rows here (same Ctx, same sizes,
-    baseline "memcpy" or "raw socket" from ctx.baselines)."""
+def extra_runners(ctx: Ctx, size: int) -> list[Runner]:
+    """LEAD: add kvstore-client and Mooncake-store runners here (one per transport and
+    op, baseline "memcpy" or "raw socket"); they are timed interleaved with the rest."""
     return []
 
 
 # -- driver ----------------------------------------------------------------------
 
 
-def measure_baselines(ctx_args: dict[str, int], port: int) -> dict[tuple[str, int, str], float]:
-    base: dict[tuple[str, int, str], float] = {}
-    ctx = Ctx(None, baselines={}, **ctx_args)  # type: ignore[arg-type]
-    for size in SIZES:
-        copy = memcpy_gbps(size, ctx.total, ctx.repeats)
-        base[("memcpy", size, "get")] = base[("memcpy", size, "put")] = copy
-        base[("raw socket", size, "get")] = raw_socket_gbps(port, size, ctx, 1)
-        base[("raw socket", size, "put")] = raw_socket_gbps(port, size, ctx, 2)
-    return base
+def measure(ctx: Ctx, size: int, runners: list[Runner]) -> list[Row]:
+    """Time every runner `repeats` times, interleaved (drift hits all alike); medians."""
+    times: dict[int, list[float]] = {i: [] for i in range(len(runners))}
+    for runner in runners:
+        runner.run()  # warm-up: page faults, connections, mappings
+    for _ in range(ctx.repeats):
+        for i, runner in enumerate(runners):
+            start = time.perf_counter()
+            runner.run()
+            times[i].append(time.perf_counter() - start)
+    gbps = {i: ctx.total / statistics.median(t) / 1e9 for i, t in times.items()}
+    base = {(r.transport, r.op): gbps[i] for i, r in enumerate(runners) if not r.baseline}
+    return [
+        Row(
+            size,
+            r.transport,
+            r.op,
+            gbps[i],
+            r.baseline,
+            base.get((r.baseline, "copy" if r.baseline == "memcpy" else r.op), 0.0),
+        )
+        for i, r in enumerate(runners)
+        if r.baseline
+    ] + [
+        Row(size, r.transport, r.op, gbps[i], "", 0.0)
+        for i, r in enumerate(runners)
+        if not r.baseline
+    ]
 
 
 def start_server(total: int, with_nixl: bool) -> tuple[subprocess.Popen[bytes], SegmentDescriptor]:
@@ -219,40 +223,50 @@ def start_server(total: int, with_nixl: bool) -> tuple[subprocess.Popen[bytes], 
 
 def print_table(rows: list[Row]) -> None:
     print(
-        f"{'size':>8} {'transport':<10} {'op':<4} {'GB/s':>7} {'baseline':<11} "
-        f"{'GB/s':>7} {'ratio':>6}  target"
+        f"{'size':>8} {'transport':<11} {'op':<4} {'GB/s':>7} {'baseline':<11} "
+        f"{'GB/s':>7} {'ratio':>6}  target {TARGET}x"
     )
     for r in rows:
-        ok = "ok" if r.ratio >= TARGET else "MISS"
-        if r.transport in ("shm", "nixl") and r.size < MiB:
-            ok = "-"  # the target covers objects >= 1 MiB only
+        if not r.baseline:
+            print(f"{r.size // KiB:>6}Ki {r.transport:<11} {r.op:<4} {r.gbps:>7.2f}  (baseline)")
+            continue
+        verdict = "ok" if r.ratio >= TARGET else "MISS"
+        if r.baseline == "memcpy" and (r.size < MiB or r.op != "get"):
+            verdict = "-"  # the target covers same-host get of objects >= 1 MiB
         print(
-            f"{r.size // KiB:>6}Ki {r.transport:<10} {r.op:<4} {r.gbps:>7.2f} "
-            f"{r.baseline:<11} {r.baseline_gbps:>7.2f} {r.ratio:>6.2f}  {ok}"
+            f"{r.size // KiB:>6}Ki {r.transport:<11} {r.op:<4} {r.gbps:>7.2f} "
+            f"{r.baseline:<11} {r.baseline_gbps:>7.2f} {r.ratio:>6.2f}  {verdict}"
         )
+
+
+def run_all(ctx: Ctx, kinds: list[str]) -> list[Row]:
+    rows = []
+    for size in SIZES:
+        runners = transport_runners(ctx, size, kinds) + extra_runners(ctx, size)
+        try:
+            rows += measure(ctx, size, runners)
+        finally:
+            for runner in runners:
+                runner.close()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="transfer engine bench")
-    parser.add_argument("--quick", action="store_true", help="64 MiB per op, 3 repeats")
+    parser.add_argument("--quick", action="store_true", help="64 MiB per run, 3 repeats")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--connections", type=int, default=4)
     args = parser.parse_args(argv)
-    ctx_args = {
-        "total": (64 if args.quick else 256) * MiB,
-        "repeats": 3 if args.quick else 7,
-        "connections": args.connections,
-    }
+    total, repeats = (64 * MiB, 3) if args.quick else (256 * MiB, 7)
     kinds = ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
     spawn = mp.get_context("spawn")
     port_rx, port_tx = spawn.Pipe(duplex=False)
-    raw = spawn.Process(target=raw_server, args=(ctx_args["total"], port_tx), daemon=True)
+    raw = spawn.Process(target=raw_server, args=(total, port_tx), daemon=True)
     raw.start()
-    proc, desc = start_server(ctx_args["total"], "nixl" in kinds)
+    proc, desc = start_server(total, "nixl" in kinds)
     try:
-        baselines = measure_baselines(ctx_args, port_rx.recv())
-        ctx = Ctx(desc, baselines=baselines, **ctx_args)
-        rows = transport_rows(ctx, kinds) + extra_rows(ctx)
+        ctx = Ctx(desc, total, repeats, args.connections, port_rx.recv())
+        rows = run_all(ctx, kinds)
     finally:
         raw.terminate()
         assert proc.stdin is not None
@@ -260,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(10)
     if args.json:
         out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
-        print(json.dumps({"bench": "transfer", **ctx_args, "target": TARGET, "rows": out}))
+        plan = {"total": total, "repeats": repeats, "connections": args.connections}
+        print(json.dumps({"bench": "transfer", **plan, "target": TARGET, "rows": out}))
     else:
         print_table(rows)
     return 0

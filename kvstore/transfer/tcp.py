@@ -34,6 +34,7 @@ class TcpConfig:
 
     connections: int = 4  # sockets (and worker threads) per peer
     chunk_bytes: int = 4 << 20  # largest piece of one request sent as one wire request
+    depth: int = 4  # requests pipelined per connection (while under chunk_bytes in total)
     connect_timeout: float = 5.0
     io_timeout: float = 30.0  # a blocked send/recv longer than this fails the chunk
 
@@ -42,6 +43,8 @@ class TcpConfig:
             raise BadRequestError(f"connections must be in [1, 64], got {self.connections}")
         if self.chunk_bytes < 4096:
             raise BadRequestError(f"chunk_bytes must be >= 4096, got {self.chunk_bytes}")
+        if not 1 <= self.depth <= 64:
+            raise BadRequestError(f"depth must be in [1, 64], got {self.depth}")
         if self.connect_timeout <= 0 or self.io_timeout <= 0:
             raise BadRequestError("timeouts must be > 0")
 
@@ -80,29 +83,41 @@ class _Connection:
         self._config = config
         self._sock: socket.socket | None = None
         self._next_id = 0
+        self._reply = memoryview(bytearray(wire.RESPONSE.size))
 
-    def run(self, chunk: _Chunk) -> None:
-        """Execute one chunk; raises a typed error (and drops the socket on faults)."""
-        sock = self._connect()
-        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        req_id, n = self._next_id, chunk.view.nbytes
+    def run(self, chunks: list[_Chunk]) -> list[Exception | None]:
+        """Execute a window of chunks pipelined (all requests sent, then all replies
+        read in order): a typed error per chunk; a stream fault fails the rest of the
+        window with TransferError and drops the socket."""
+        results: list[Exception | None] = []
         try:
-            sock.sendall(wire.pack_request(chunk.op, req_id, chunk.name, chunk.remote_offset, n))
-            if chunk.op == TransferOp.WRITE:
-                self._send_payload(sock, chunk.view, req_id)
-            self._finish(sock, req_id, chunk)
+            sock = self._connect()
+            ids = [self._send(sock, chunk) for chunk in chunks]
+            for chunk, req_id in zip(chunks, ids, strict=True):
+                results.append(self._finish(sock, req_id, chunk))
+        except KVStoreError as e:
+            results += [e] * (len(chunks) - len(results))
         except (OSError, ConnectionError) as e:
             self.close()
-            raise TransferError(f"transfer to {self._addr[0]}:{self._addr[1]} failed: {e}") from e
+            error = TransferError(f"transfer to {self._addr[0]}:{self._addr[1]} failed: {e}")
+            results += [error] * (len(chunks) - len(results))
+        return results
 
-    def _send_payload(self, sock: socket.socket, view: memoryview, req_id: int) -> None:
+    def _send(self, sock: socket.socket, chunk: _Chunk) -> int:
+        self._next_id = req_id = (self._next_id + 1) & 0xFFFFFFFF
+        n = chunk.view.nbytes
+        header = wire.pack_request(chunk.op, req_id, chunk.name, chunk.remote_offset, n)
+        if chunk.op == TransferOp.READ:
+            sock.sendall(header)
+            return req_id
         try:
-            sock.sendall(view)
+            wire.send_with_header(sock, header, chunk.view)
         except OSError:
-            self._finish_early(sock, req_id)  # the peer may have rejected and closed
+            self._finish_early(sock)  # the peer may have rejected the WRITE and closed
             raise
+        return req_id
 
-    def _finish_early(self, sock: socket.socket, req_id: int) -> None:
+    def _finish_early(self, sock: socket.socket) -> None:
         """After a failed send, surface the peer's error reply if one arrived."""
         with contextlib.suppress(OSError, ConnectionError):
             wire.tune(sock, 0.5)
@@ -112,20 +127,22 @@ class _Connection:
                 self.close()
                 raise wire.error_of(status, message.decode(errors="replace"))
 
-    def _finish(self, sock: socket.socket, req_id: int, chunk: _Chunk) -> None:
-        header = wire.recv_exact(sock, wire.RESPONSE.size)
-        status, got_id, length = wire.RESPONSE.unpack(header)
+    def _finish(self, sock: socket.socket, req_id: int, chunk: _Chunk) -> Exception | None:
+        """Read one reply: None, or the peer's typed error (stream stays in sync)."""
+        wire.recv_into_exact(sock, self._reply)
+        status, got_id, length = wire.RESPONSE.unpack(self._reply)
         if got_id != req_id:
             raise ConnectionError(f"response for request {got_id}, expected {req_id}")
         if status != wire.Status.OK:
             if length > wire.MAX_ERROR_BYTES:
                 raise ConnectionError(f"error message of {length} bytes")
-            raise wire.error_of(status, wire.recv_exact(sock, length).decode(errors="replace"))
+            return wire.error_of(status, wire.recv_exact(sock, length).decode(errors="replace"))
         want = chunk.view.nbytes if chunk.op == TransferOp.READ else 0
         if length != want:
             raise ConnectionError(f"response of {length} bytes, expected {want}")
         if chunk.op == TransferOp.READ:
             wire.recv_into_exact(sock, chunk.view)
+        return None
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -149,6 +166,7 @@ class _Peer:
 
     def __init__(self, endpoint: str, config: TcpConfig) -> None:
         self.queue: queue.SimpleQueue[_Chunk | None] = queue.SimpleQueue()
+        self._config = config
         self._conns = [_Connection(endpoint, config) for _ in range(config.connections)]
         self._threads = [
             threading.Thread(target=self._work, args=(c,), name="kvstore-tcp-worker", daemon=True)
@@ -158,16 +176,33 @@ class _Peer:
             thread.start()
 
     def _work(self, conn: _Connection) -> None:
-        while (chunk := self.queue.get()) is not None:
+        while window := self._window():
             try:
-                conn.run(chunk)
-            except KVStoreError as e:
-                chunk.state.chunk_done(e)
-            except Exception as e:  # never lose a completion
-                chunk.state.chunk_done(TransferError(f"transfer failed: {e!r}"))
-            else:
-                chunk.state.chunk_done(None)
+                results = conn.run(window)
+            except Exception as e:  # a bug: never lose a completion
+                results = [TransferError(f"transfer failed: {e!r}")] * len(window)
+            for chunk, error in zip(window, results, strict=True):
+                chunk.state.chunk_done(error)
         conn.close()
+
+    def _window(self) -> list[_Chunk]:
+        """Block for one chunk, then take queued ones up to `depth` and `chunk_bytes`
+        in total; [] when closing."""
+        first = self.queue.get()
+        if first is None:
+            return []
+        window, size = [first], first.view.nbytes
+        while len(window) < self._config.depth and size < self._config.chunk_bytes:
+            try:
+                chunk = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if chunk is None:
+                self.queue.put(None)  # keep the stop signal for this worker's next call
+                break
+            window.append(chunk)
+            size += chunk.view.nbytes
+        return window
 
     def close(self, timeout: float) -> None:
         for _ in self._threads:
