@@ -35,9 +35,12 @@ class CacheLoadConfig:
     margin_s: float = 0.0  # ... plus this many seconds
     conditional: bool = False
     max_local_stall_s: float = 0.5  # longest prefill a busy decode node may run locally
+    tie_s: float = 0.001  # TTFTs within tie_s or tie_rel of the lowest are a tie, ...
+    tie_rel: float = 0.05  # ... broken in rotating node order so idle nodes share work
 
     def __post_init__(self) -> None:
-        if min(self.slack, self.margin_rel, self.margin_s, self.max_local_stall_s) < 0:
+        knobs = (self.slack, self.margin_rel, self.margin_s, self.max_local_stall_s)
+        if min(*knobs, self.tie_s, self.tie_rel) < 0:
             raise BadRequestError(f"cache_load knobs must be >= 0: {self}")
 
 
@@ -57,6 +60,7 @@ class CacheLoadPolicy(PolicyBase):
         kwargs.setdefault("admission", True)
         super().__init__(**kwargs)
         self.config = config if config is not None else CacheLoadConfig()
+        self._turn = 0  # rotates the tie-break so that idle nodes share the work
 
     def place(self, req: Request, view: ClusterView) -> Decision:
         matches = view.matches(req.block_hashes)
@@ -95,13 +99,24 @@ class CacheLoadPolicy(PolicyBase):
 
     def _balanced(self, cands: list[_Candidate], nodes: tuple[NodeState, ...]) -> _Candidate:
         """Min TTFT, unless that node is overloaded and a near-as-fast one is not."""
-        best = min(cands, key=lambda c: (c.pre.ttft_s, c.node.node_id))
+        pos = {n.node_id: i for i, n in enumerate(nodes)}
+        turn = self._turn
+        self._turn += 1
+        best = self._min_ttft(cands, pos, turn)
         limit = (1 + self.config.slack) * sum(n.est_queue_wait_s for n in nodes) / len(nodes)
         if best.node.est_queue_wait_s <= limit:
             return best
         bound = best.pre.ttft_s * (1 + self.config.margin_rel) + self.config.margin_s
         ok = [c for c in cands if c.node.est_queue_wait_s <= limit and c.pre.ttft_s <= bound]
-        return min(ok, key=lambda c: (c.pre.ttft_s, c.node.node_id)) if ok else best
+        return self._min_ttft(ok, pos, turn) if ok else best
+
+    def _min_ttft(self, cands: list[_Candidate], pos: dict[str, int], turn: int) -> _Candidate:
+        """The lowest TTFT; near-ties go to the first node at or after position `turn`
+        in cluster order, so that idle nodes take turns."""
+        low = min(c.pre.ttft_s for c in cands)
+        tie = max(self.config.tie_s, self.config.tie_rel * low)
+        near = [c for c in cands if c.pre.ttft_s <= low + tie]
+        return min(near, key=lambda c: (pos[c.node.node_id] - turn) % len(pos))
 
     def _local_option(
         self, req: Request, view: ClusterView, best: _Candidate, matches: dict[str, PrefixMatch]

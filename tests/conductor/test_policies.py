@@ -135,6 +135,17 @@ def test_cache_load_balance_guard_moves_off_overloaded_node() -> None:
     assert loose.place(req(5000), v).prefill_node == "p1"
 
 
+def test_cache_load_idle_nodes_take_turns_on_near_ties() -> None:
+    pol = make_policy("cache_load", **KW)
+    idle = view([node("a", C), node("b", C), node("c", C)])
+    assert [pol.place(req(1000), idle).prefill_node for _ in range(4)] == ["a", "b", "c", "a"]
+    # TTFT 0.100, 0.104 (within 5%: a tie) and 0.120: turn t picks the first tied node at or
+    # after position t mod 3: p1, p2, then p1 for turns 2 (p3 is not tied) and 3.
+    near = make_policy("cache_load", **KW)
+    v = view([node("p1", P), node("p2", P, wait=0.004), node("p3", P, wait=0.02), node("d", D)])
+    assert [near.place(req(1000), v).prefill_node for _ in range(4)] == ["p1", "p2", "p1", "p1"]
+
+
 def test_cache_load_routes_hot_prefix_to_replica() -> None:
     idx = DictPrefixIndex()
     idx.add("p1", range(9))
