@@ -16,12 +16,9 @@ least recently used object that is neither pinned nor being read.
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from kvstore.errors import (
     BadRequestError,
@@ -35,16 +32,20 @@ from kvstore.errors import (
 )
 from kvstore.tiers.allocator import OffsetAllocator
 from kvstore.tiers.base import BytesLike, EvictCallback, TierStats
-from kvstore.tiers.direct_io import DIRECT, AlignedBuffer, BufferPool, SlabFile, round_up
+from kvstore.tiers.direct_io import DIRECT, AlignedBuffer
 from kvstore.tiers.ssd_batch import BatchRunner
-from kvstore.tiers.ssd_handles import SsdConfig, SsdObject, SsdReadHandle, SsdWriteHandle
-from kvstore.tiers.ssd_index import IndexEntry, SsdIndex, checksum_of
-from kvstore.tiers.ssd_recovery import check_consistency, recover
+from kvstore.tiers.ssd_handles import (
+    SsdConfig,
+    SsdObject,
+    SsdReadHandle,
+    SsdWriteHandle,
+    as_bytes,
+)
+from kvstore.tiers.ssd_recovery import check_consistency
+from kvstore.tiers.ssd_store import SlabStore
 from kvstore.types import ObjectKey, Tier, check_key
 
 __all__ = ["SsdConfig", "SsdTier"]
-
-STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse (see BufferPool)
 
 
 class SsdTier:
@@ -54,36 +55,25 @@ class SsdTier:
 
     def __init__(self, config: SsdConfig) -> None:
         self.config = config
-        os.makedirs(config.directory, exist_ok=True)
-        slab_path = os.path.join(config.directory, "slab.dat")
-        self._slab = SlabFile(slab_path, config.capacity_bytes, config.alignment, config.direct_io)
-        self._index = SsdIndex(os.path.join(config.directory, "index"), config.sync_index)
-        self._alloc = OffsetAllocator(config.capacity_bytes, config.alignment)
         self._lock = threading.Lock()
         self._objects: OrderedDict[ObjectKey, SsdObject] = OrderedDict()  # LRU first
         self._writing: dict[ObjectKey, SsdWriteHandle | None] = {}
         self._doomed: dict[int, SsdObject] = {}
-        self._io_pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix="ssd-io")
-        self._batch = BatchRunner(config.io_threads, "ssd-batch")
         self._evict_cb: EvictCallback | None = None
         self._stats = TierStats(tier=Tier.SSD, capacity=config.capacity_bytes)
         self._closed = False
-        self._buffers = BufferPool(min(config.capacity_bytes, STAGING_CACHE_BYTES))
-        read = functools.partial(self._slab.read_new, pool=self._io_pool, buffers=self._buffers)
-        report = recover(self._index, self._alloc, read, config.verify_on_open)
-        for key, obj in report.objects:
-            self._objects[ObjectKey(key)] = obj
+        self._alloc = OffsetAllocator(config.capacity_bytes, config.alignment)
+        self._store = SlabStore(config)
+        report = self._store.recover(self._alloc)
+        self._objects.update((ObjectKey(key), obj) for key, obj in report.objects)
         self._generation = report.next_generation
         self._stats.extra.update(report.counters())
+        self._batch = BatchRunner(config.io_threads, "ssd-batch")
 
     def reserve(self, key: ObjectKey, size: int) -> SsdWriteHandle:
         """Claim space for `size` bytes under `key` (not visible until commit)."""
         key = check_key(key)
-        if type(size) is not int or size <= 0:
-            raise BadRequestError(f"size must be a positive int, got {size!r}")
-        padded = round_up(size, self.config.alignment)
-        if padded > self.config.capacity_bytes:
-            raise TooLargeError(f"{size} bytes exceed the SSD tier ({self.config.capacity_bytes})")
+        padded = self.config.padded_size(size)
         with self._lock:
             self._check_open()
             if key in self._writing or key in self._objects:
@@ -96,7 +86,7 @@ class SsdTier:
                 del self._writing[key]
             raise
         try:
-            handle.staging = self._buffers.take(padded)
+            handle.staging = self._store.buffers.take(padded)
         except BaseException:
             self._drop_writing(handle)
             raise
@@ -115,11 +105,7 @@ class SsdTier:
 
     def put(self, key: ObjectKey, value: BytesLike) -> None:
         """Store a copy of `value` under `key` (ExistsError if the key is taken)."""
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise BadRequestError(f"value must be bytes-like, got {type(value).__name__}")
-        data = memoryview(value).cast("B")
-        if not data.nbytes:
-            raise BadRequestError(f"zero-length value for {key!r}")
+        data = as_bytes(value)
         self._commit(self.reserve(key, data.nbytes), data)
 
     def acquire(self, key: ObjectKey) -> SsdReadHandle | None:
@@ -223,7 +209,7 @@ class SsdTier:
     def stats(self) -> TierStats:
         with self._lock:
             s = self._stats
-            extra = dict(s.extra, direct_io=float(self._slab.mode == DIRECT))
+            extra = dict(s.extra, direct_io=float(self._store.mode == DIRECT))
             extra.update(writing=float(len(self._writing)), doomed=float(len(self._doomed)))
             return TierStats(
                 Tier.SSD, s.capacity, self._alloc.used, len(self._objects), s.hits,
@@ -233,12 +219,14 @@ class SsdTier:
     @property
     def io_mode(self) -> str:
         """'direct' (O_DIRECT) or 'buffered' (fallback where the filesystem refuses it)."""
-        return self._slab.mode
+        return self._store.mode
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless memory, allocator and index agree."""
         with self._lock:
-            check_consistency(self._objects, self._doomed, self._writing, self._alloc, self._index)
+            check_consistency(
+                self._objects, self._doomed, self._writing, self._alloc, self._store.index
+            )
 
     def close(self) -> None:
         """Close the slab file and the index; later calls raise UnavailableError."""
@@ -247,10 +235,7 @@ class SsdTier:
                 return
             self._closed = True
         self._batch.shutdown()
-        self._io_pool.shutdown(wait=True)
-        self._index.close()
-        self._slab.close()
-        self._buffers.clear()
+        self._store.close()
 
     # ---- internals ----------------------------------------------------------
 
@@ -321,7 +306,7 @@ class SsdTier:
         self._stats.evictions += 1
 
     def _remove_locked(self, key: ObjectKey, obj: SsdObject) -> None:
-        self._index.delete(key, IndexEntry(obj.offset, obj.length, obj.checksum, obj.generation))
+        self._store.index.delete(key, obj.entry())
         del self._objects[key]
         if obj.readers:
             obj.doomed = True
@@ -357,18 +342,16 @@ class SsdTier:
         """Checksum, write (copying `source` in chunk by chunk, if given), index."""
         self._claim(handle)
         try:
-            view = handle.staging.view if handle.staging else None
-            if view is None:
+            staging = handle.staging
+            if staging is None:
                 raise BadRequestError(f"write handle of {handle.key!r} is closed")
-            checksum = checksum_of(view[: handle.size] if source is None else source)
-            self._slab.write(handle.offset, view, self._io_pool, source)
+            checksum = self._store.write(handle.offset, staging, handle.size, source)
             with self._lock:
                 self._generation += 1
                 obj = SsdObject(
                     handle.offset, handle.size, handle.padded, checksum, self._generation
                 )
-                entry = IndexEntry(obj.offset, obj.length, checksum, obj.generation)
-                self._index.put(handle.key, entry)
+                self._store.index.put(handle.key, obj.entry())
                 del self._writing[handle.key]
                 self._objects[handle.key] = obj
                 self._stats.bytes_written += handle.size
@@ -390,16 +373,7 @@ class SsdTier:
     def _read_verified(
         self, key: ObjectKey, obj: SsdObject, out: memoryview | None = None
     ) -> AlignedBuffer:
-        staging = self._buffers.take(obj.padded)
-        try:
-            self._slab.read(obj.offset, staging.view, self._io_pool, out)
-            got = checksum_of(staging.view[: obj.length] if out is None else out)
-        except BaseException:
-            staging.close()
-            raise
-        if got != obj.checksum:
-            staging.close()
-            raise CorruptError(f"{key!r}: checksum mismatch at slab offset {obj.offset}")
+        staging = self._store.read(key, obj, out)
         with self._lock:
             self._stats.bytes_read += obj.length
         return staging

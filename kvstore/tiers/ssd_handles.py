@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstore.errors import BadRequestError
-from kvstore.tiers.direct_io import AlignedBuffer
+from kvstore.errors import BadRequestError, TooLargeError
+from kvstore.tiers.direct_io import AlignedBuffer, round_up
+from kvstore.tiers.ssd_index import IndexEntry
 from kvstore.types import ObjectKey
 
 
@@ -38,6 +39,27 @@ class SsdConfig:
         if type(self.io_threads) is not int or not 1 <= self.io_threads <= 64:
             raise BadRequestError(f"io_threads must be in 1..64, got {self.io_threads!r}")
 
+    def padded_size(self, size: int) -> int:
+        """The slab bytes an object of `size` takes; typed errors for bad sizes."""
+        if type(size) is not int or size <= 0:
+            raise BadRequestError(f"size must be a positive int, got {size!r}")
+        padded = round_up(size, self.alignment)
+        if padded > self.capacity_bytes:
+            raise TooLargeError(f"{size} bytes exceed the SSD tier ({self.capacity_bytes})")
+        return padded
+
+
+def as_bytes(value: object) -> memoryview:
+    """A flat byte view of a non-empty bytes-like value; BadRequestError otherwise."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequestError(f"value must be bytes-like, got {type(value).__name__}")
+    if isinstance(value, memoryview) and not value.c_contiguous:
+        raise BadRequestError("value must be a contiguous buffer")
+    data = memoryview(value).cast("B")
+    if not data.nbytes:
+        raise BadRequestError("zero-length value")
+    return data
+
 
 @dataclass(slots=True)
 class SsdObject:
@@ -51,6 +73,10 @@ class SsdObject:
     readers: int = 0
     pins: int = 0
     doomed: bool = False  # removed while read: freed at the last release
+
+    def entry(self) -> IndexEntry:
+        """What the index holds for this object."""
+        return IndexEntry(self.offset, self.length, self.checksum, self.generation)
 
 
 class SsdWriteHandle:

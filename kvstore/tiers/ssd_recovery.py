@@ -58,13 +58,13 @@ def recover(
     placed, overlapping = _newest_without_overlaps(placed)
     for _key, obj in placed:
         alloc.allocate_at(obj.offset, obj.padded)
-    bad += [(key, _entry(obj)) for key, obj in overlapping]
+    bad += [(key, obj.entry()) for key, obj in overlapping]
     report.dropped_invalid = len(bad)
     if verify:
         placed, corrupt = _verify(placed, read)
         for key, obj in corrupt:
             alloc.free(obj.offset)
-            bad.append((key, _entry(obj)))
+            bad.append((key, obj.entry()))
         report.dropped_corrupt = len(corrupt)
     for key, entry in bad:
         index.delete(key, entry)
@@ -72,10 +72,6 @@ def recover(
     report.objects = placed
     report.next_generation = max((obj.generation for _, obj in placed), default=0)
     return report
-
-
-def _entry(obj: SsdObject) -> IndexEntry:
-    return IndexEntry(obj.offset, obj.length, obj.checksum, obj.generation)
 
 
 def _candidate(key: str, entry: IndexEntry | None, alloc: OffsetAllocator) -> SsdObject | None:
@@ -152,6 +148,6 @@ def check_consistency(
     on_disk = dict(index.items())
     assert set(on_disk) == set(objects), "index keys differ from committed keys"
     for key, obj in objects.items():
-        want = IndexEntry(obj.offset, obj.length, obj.checksum, obj.generation)
+        want = obj.entry()
         assert on_disk[key] == want, f"index entry of {key!r} is {on_disk[key]}, not {want}"
         assert obj.readers >= 0 and obj.pins >= 0 and not obj.doomed, f"bad state of {key!r}"
