@@ -60,13 +60,16 @@ class PolicyBase:
         return choice
 
     def decode_for(self, req: Request, view: ClusterView, prefill: NodeState) -> DecodeEstimate:
-        """The decode side for a prefill on `prefill`; RejectedError when the KV fits nowhere."""
+        """The decode side for a prefill on `prefill`. When the KV fits nowhere: RejectedError
+        with admission on, else the node with the most free KV (the request waits there)."""
         nodes = self.decode_candidates(view, prefill)
         estimates = [self.est.decode_on(req, n) for n in nodes]
         fitting = [e for e in estimates if e.fits]
-        if not fitting:
+        if fitting:
+            return self.pick_decode(req, fitting)
+        if self.admission:
             raise admission.no_decode_space(req, estimates)
-        return self.pick_decode(req, fitting)
+        return min(estimates, key=lambda e: (-e.kv_free_after, e.node_id))
 
     @staticmethod
     def decode_candidates(view: ClusterView, prefill: NodeState) -> tuple[NodeState, ...]:

@@ -195,10 +195,12 @@ def test_rejection_on_tbt_and_kv_space() -> None:
     with pytest.raises(RejectedError) as tbt:  # 10 + 6 ms > 12 ms; idle 11 ms would do
         make_policy("cache_load", **KW).place(req(1000, output=50, tbt=0.012), v)
     assert tbt.value.retry_after_s == pytest.approx(0.016 * 50)
-    full = view([node("p1", P), node("d1", D, free=500)])
+    full = view([node("p1", P), node("d1", D, free=500), node("d2", D, free=700)])
     with pytest.raises(RejectedError) as kv:
-        make_policy("least_loaded", **KW).place(req(1000), full)
-    assert kv.value.retry_after_s == pytest.approx(0.011 * 10)
+        make_policy("cache_load", **KW).place(req(1000), full)
+    assert kv.value.retry_after_s == pytest.approx(0.011 * 10)  # one decode of 10 tokens
+    waits = make_policy("least_loaded", **KW).place(req(1000), full)  # admission off
+    assert waits.decode_node == "d2"  # the most free KV: the request waits for memory there
     baseline = make_policy("round_robin", **KW)  # admission off: no SLO rejection
     loose = baseline.place(req(1000, output=50, tbt=0.012), v)
     assert loose.predicted_tbt_s == pytest.approx(0.016)
