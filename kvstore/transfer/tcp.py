@@ -34,7 +34,7 @@ class TcpConfig:
 
     connections: int = 4  # sockets (and worker threads) per peer
     chunk_bytes: int = 4 << 20  # largest piece of one request sent as one wire request
-    depth: int = 4  # requests pipelined per connection (while under chunk_bytes in total)
+    depth: int = 8  # requests pipelined per connection (while under chunk_bytes in total)
     connect_timeout: float = 5.0
     io_timeout: float = 30.0  # a blocked send/recv longer than this fails the chunk
 

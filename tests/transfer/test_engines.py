@@ -126,3 +126,22 @@ def test_shm_rejects_segments_it_cannot_map(server: ServerProcess) -> None:
             engine.read(replace(server.desc, host_id="elsewhere"), 0, 10, buf)
         with pytest.raises(NotFoundError):
             engine.read(replace(server.desc, name="kvt-missing-seg"), 0, 10, buf)
+
+
+def test_torch_tensor_as_local_buffer_over_tcp(server: ServerProcess) -> None:
+    import torch
+
+    tensor = torch.zeros(1024, dtype=torch.float16)  # 2 KiB
+    with _engine("tcp") as engine:
+        buf = engine.register("t", tensor)
+        engine.read(server.desc, 4096, 2048, buf, timeout=20)
+    got = tensor.view(torch.uint8).numpy()
+    assert np.array_equal(got, pattern(8 * MiB, SEED)[4096 : 4096 + 2048])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"connections": 0}, {"chunk_bytes": 100}, {"depth": 0}, {"io_timeout": 0}]
+)
+def test_tcp_config_is_validated(kwargs: dict[str, int]) -> None:
+    with pytest.raises(BadRequestError):
+        TcpConfig(**kwargs)
