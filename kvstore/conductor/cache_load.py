@@ -10,8 +10,9 @@ load off the overloaded holder.
 
 `conditional=True` (policy "conditional") adds Dynamo's per-request choice:
 prefill locally on the chosen decode node when that is predicted sooner than
-remote prefill plus moving the KV, and the stall it causes to the node's running
-streams stays within `max_local_stall_s`.
+remote prefill plus moving the KV, no single stall of its running streams
+exceeds `max_local_stall_s`, and the share of its time spent prefilling keeps
+their time between tokens within the objective (see `conditional.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvstore.conductor.api import ClusterView, Decision, NodeState, PrefixMatch, Request, Role
+from kvstore.conductor.api import ClusterView, Decision, NodeState, PrefixMatch, Request
 from kvstore.conductor.base import PolicyBase
+from kvstore.conductor.conditional import PrefillShare, stretched_tbt_s
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.estimate import DecodeEstimate, PrefillEstimate
 from kvstore.errors import BadRequestError
@@ -35,12 +37,14 @@ class CacheLoadConfig:
     margin_s: float = 0.0  # ... plus this many seconds
     conditional: bool = False
     max_local_stall_s: float = 0.5  # longest prefill a busy decode node may run locally
+    local_window_s: float = 5.0  # decay window of a decode node's local-prefill share
+    local_tbt_fill: float = 0.8  # local prefills may stretch TBT to this share of its budget
     tie_s: float = 0.001  # TTFTs within tie_s or tie_rel of the lowest are a tie, ...
     tie_rel: float = 0.05  # ... broken in rotating node order so idle nodes share work
 
     def __post_init__(self) -> None:
         knobs = (self.slack, self.margin_rel, self.margin_s, self.max_local_stall_s)
-        if min(*knobs, self.tie_s, self.tie_rel) < 0:
+        if min(*knobs, self.tie_s, self.tie_rel) < 0 or not 0 < self.local_tbt_fill <= 1:
             raise BadRequestError(f"cache_load knobs must be >= 0: {self}")
 
 
@@ -61,19 +65,37 @@ class CacheLoadPolicy(PolicyBase):
         super().__init__(**kwargs)
         self.config = config if config is not None else CacheLoadConfig()
         self._turn = 0  # rotates the tie-break so that idle nodes share the work
+        self._share = PrefillShare(self.config.local_window_s)
 
     def place(self, req: Request, view: ClusterView) -> Decision:
         matches = view.matches(req.block_hashes)
         prefill_nodes = view.prefill_nodes()
         cands = self._candidates(req, view, prefill_nodes, matches)
+        if self.config.conditional:
+            cands = [c for c in cands if self._share_ok(req, c.node, c.pre)] or cands
         best = self._balanced(cands, prefill_nodes)
-        reason = f"{self.name}: min TTFT on {best.node.node_id}"
-        if self.config.conditional and best.node.role != Role.COLOCATED:
-            local = self._local_option(req, view, best, matches)
-            if local is not None:
-                return self.decide(req, local, best.dec, f"{self.name}: local prefill is sooner")
-            reason = f"{self.name}: remote prefill on {best.node.node_id}"
-        return self.decide(req, best.pre, best.dec, reason)
+        if not self.config.conditional or best.node.node_id == best.dec.node_id:
+            return self._commit(req, best.node, best.pre, best.dec, "min TTFT")
+        dnode = view.node(best.dec.node_id)
+        local = self._local_option(req, view, dnode, best, matches)
+        if local is not None:
+            return self._commit(req, dnode, local, best.dec, "local prefill is sooner")
+        return self._commit(req, best.node, best.pre, best.dec, "remote prefill")
+
+    def decode_candidates(self, view: ClusterView, prefill: NodeState) -> tuple[NodeState, ...]:
+        """Conditional mode decodes anywhere (remote or local prefill is chosen per request)."""
+        if self.config.conditional:
+            return view.decode_nodes()
+        return PolicyBase.decode_candidates(view, prefill)
+
+    def _commit(
+        self, req: Request, node: NodeState, pre: PrefillEstimate, dec: DecodeEstimate, why: str
+    ) -> Decision:
+        """Decide (admission may reject), then count the prefill against a decoding node."""
+        decision = self.decide(req, pre, dec, f"{self.name}: {why} on {node.node_id}")
+        if self.config.conditional and node.can_decode:
+            self._share.add(node.node_id, req.arrival_s, pre.floor_s)
+        return decision
 
     def _candidates(
         self,
@@ -85,12 +107,14 @@ class CacheLoadPolicy(PolicyBase):
         """Every prefill node with its TTFT and decode pairing; raises when no KV fits."""
         cands: list[_Candidate] = []
         error: RejectedError | None = None
+        shared: DecodeEstimate | None = None  # conditional: one decode choice for all
         for node in nodes:
             try:
-                dec = self.decode_for(req, view, node)
+                dec = shared or self.decode_for(req, view, node)
             except RejectedError as exc:  # this pairing has no KV space
                 error = exc
                 continue
+            shared = dec if self.config.conditional else None
             cands.append(_Candidate(node, self.est.prefill_on(req, node, matches, view), dec))
         if not cands:
             assert error is not None
@@ -119,15 +143,32 @@ class CacheLoadPolicy(PolicyBase):
         return min(near, key=lambda c: (pos[c.node.node_id] - turn) % len(pos))
 
     def _local_option(
-        self, req: Request, view: ClusterView, best: _Candidate, matches: dict[str, PrefixMatch]
+        self,
+        req: Request,
+        view: ClusterView,
+        dnode: NodeState,
+        best: _Candidate,
+        matches: dict[str, PrefixMatch],
     ) -> PrefillEstimate | None:
-        """Prefill on the decode node when sooner than remote prefill + KV move and the
-        stall to its running streams is acceptable; None otherwise."""
-        dnode = view.node(best.dec.node_id)
+        """Prefill on the decode node when sooner than remote prefill + KV move and its
+        streams can afford the stall (alone and as a share of time); None otherwise."""
         local = self.est.prefill_on(req, dnode, matches, view)
-        stall_ok = dnode.running_decode_seqs == 0 or local.floor_s <= self.config.max_local_stall_s
-        remote_s = best.pre.ttft_s + self.est.kv_move_s(req)
-        return local if stall_ok and local.ttft_s <= remote_s else None
+        if local.ttft_s > best.pre.ttft_s + self.est.kv_move_s(req):
+            return None
+        if dnode.running_decode_seqs and local.floor_s > self.config.max_local_stall_s:
+            return None
+        return local if self._share_ok(req, dnode, local) else None
+
+    def _share_ok(self, req: Request, node: NodeState, pre: PrefillEstimate) -> bool:
+        """Whether a decoding node can take this prefill and keep its streams' time between
+        tokens within `local_tbt_fill` of the objective (always true for PREFILL nodes)."""
+        if not node.can_decode:
+            return True
+        cfg = self.config
+        share = self._share.share(node.node_id, req.arrival_s) + pre.floor_s / cfg.local_window_s
+        step = self.est.decode_on(req, node).tbt_s
+        budget = (req.tbt_slo_s or self.tbt_budget_s) * cfg.local_tbt_fill
+        return stretched_tbt_s(step, share) <= budget
 
 
 class ConditionalPolicy(CacheLoadPolicy):
