@@ -166,6 +166,8 @@ class MasterState:
             return None
         obj.state = ObjectState.COMPLETE
         del self.writing[key]
+        for loc in obj.replicas:
+            self.registry.segment(loc.node_id, loc.segment).counters.bytes_in += obj.size
         leases.extend_pin(obj, now, obj.pin_ttl_s)
         self.groups.touch(obj.group)
         self.journal.save_object(obj)
@@ -207,6 +209,10 @@ class MasterState:
                 return NotFoundError(f"unknown key {key!r}")
             return NotReadyError(f"{key!r} is still being written")
         self.counters.hits += 1
+        first = obj.replicas[0]
+        seg = self.registry.segments[(first.node_id, first.segment)].counters
+        seg.hits += 1
+        seg.bytes_out += obj.size
         leases.extend_lease(obj, now, ttl)
         leases.extend_pin(obj, now, pin)
         self.groups.touch(obj.group)
@@ -286,7 +292,10 @@ class MasterState:
     def _evict_group(self, group: str) -> int:
         members = sorted(self.groups.members(group))
         for key in members:
-            self._drop(self.objects[key])
+            obj = self.objects[key]
+            for loc in obj.replicas:
+                self.registry.segment(loc.node_id, loc.segment).counters.evictions += 1
+            self._drop(obj)
         self.counters.evictions += len(members)
         return len(members)
 

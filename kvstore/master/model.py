@@ -55,6 +55,21 @@ class NodeInfo:
 
 
 @dataclass(slots=True)
+class SegmentCounters:
+    """What happened in one segment since it was mounted (for `kvstore tiers`).
+
+    `hits`/`bytes_out`: lookups answered with this segment's replica listed first
+    (the one clients read first) and their bytes; `bytes_in`: bytes of committed
+    puts with a replica here; `evictions`: replicas here dropped by eviction.
+    """
+
+    hits: int = 0
+    evictions: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(slots=True)
 class Segment:
     """A byte range a node lent to the pool; the master allocates inside it."""
 
@@ -65,6 +80,7 @@ class Segment:
     alignment: int
     allocator: SpaceAllocator
     keys: set[str] = field(default_factory=set)
+    counters: SegmentCounters = field(default_factory=SegmentCounters)
 
     @property
     def used(self) -> int:

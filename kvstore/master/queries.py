@@ -7,7 +7,7 @@ scheduler and admin tools may ask them freely.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvstore.errors import BadRequestError
 from kvstore.master.metadata import MasterState
@@ -19,6 +19,7 @@ from kvstore.master.model import (
     PrefixMatch,
     PrefixResult,
     Segment,
+    SegmentCounters,
 )
 from kvstore.types import Tier
 
@@ -83,9 +84,23 @@ def list_objects(
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentReport:
+    """One segment at the time of the stats call: geometry, use and its counters."""
+
+    node_id: str
+    name: str
+    tier: Tier
+    capacity: int
+    used: int
+    replicas: int  # replicas placed here, WRITING ones included
+    objects: int  # COMPLETE objects with a replica here
+    counters: SegmentCounters
+
+
+@dataclass(frozen=True, slots=True)
 class MasterStats:
     nodes: list[NodeInfo]
-    segments: list[Segment]
+    segments: list[SegmentReport]
     objects: int
     writing: int
     capacity: int
@@ -101,6 +116,15 @@ def stats(state: MasterState) -> MasterStats:
     snapshot = Counters(
         c.hits, c.misses, c.evictions, c.reclaimed_puts, c.dead_nodes, c.dropped_replicas
     )
+    reports = [_segment_report(state, seg) for seg in segs]
     return MasterStats(
-        nodes, segs, len(state.objects), len(state.writing), reg.capacity(), reg.used(), snapshot
+        nodes, reports, len(state.objects), len(state.writing), reg.capacity(), reg.used(), snapshot
     )
+
+
+def _segment_report(state: MasterState, seg: Segment) -> SegmentReport:
+    complete = sum(1 for k in seg.keys if state.objects[k].state is ObjectState.COMPLETE)
+    return SegmentReport(
+        seg.node_id, seg.name, seg.tier, seg.capacity, seg.used, len(seg.keys), complete,
+        replace(seg.counters),
+    )  # fmt: skip

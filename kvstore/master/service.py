@@ -256,7 +256,9 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
     segs = [
         master_pb2.SegmentStats(
             node_id=g.node_id, segment=g.name, tier=int(g.tier), capacity=g.capacity,
-            used=g.used, replicas=len(g.keys),
+            used=g.used, replicas=g.replicas, hits=g.counters.hits,
+            evictions=g.counters.evictions, bytes_in=g.counters.bytes_in,
+            bytes_out=g.counters.bytes_out, objects=g.objects,
         )
         for g in s.segments
     ]  # fmt: skip

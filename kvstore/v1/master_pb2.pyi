@@ -232,20 +232,30 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas")
+    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas", "hits", "evictions", "bytes_in", "bytes_out", "objects")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment: str
     tier: _common_pb2.Tier
     capacity: int
     used: int
     replicas: int
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+    hits: int
+    evictions: int
+    bytes_in: int
+    bytes_out: int
+    objects: int
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("node_id", "endpoint", "ms_since_heartbeat")

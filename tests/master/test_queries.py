@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,27 @@ def test_stats_counts(state: MasterState) -> None:
     assert (s.objects, s.writing, s.capacity, s.used) == (1, 0, 14336, 64)
     assert (s.counters.hits, s.counters.misses) == (1, 1)
     assert [n.node_id for n in s.nodes] == ["a", "b"]
+
+
+def test_segment_counters(state: MasterState, clock: FakeClock) -> None:
+    commit(state, "two", replicas=2)  # a-dram first, b-dram second
+    commit(state, "ssd", preferred_node="a", tier=Tier.SSD)
+    state.put_start("w", "", [PutItem(ObjectKey("writing"), 64, preferred_node="b")])
+    state.lookup(["two", "two", "ssd", "missing", "writing"])
+    by_name = {r.name: r for r in queries.stats(state).segments}
+    a, b, ssd = by_name["a-dram"], by_name["b-dram"], by_name["a-ssd"]
+    assert (a.counters.hits, a.counters.bytes_out, a.counters.bytes_in) == (2, 128, 64)
+    assert (b.counters.hits, b.counters.bytes_out, b.counters.bytes_in) == (0, 0, 64)
+    assert (ssd.counters.hits, ssd.counters.bytes_out, ssd.objects) == (1, 64, 1)
+    assert (b.replicas, b.objects) == (2, 1)  # "writing" is placed but not COMPLETE
+    assert (state.counters.hits, state.counters.misses) == (3, 2)
+    clock.advance(6)  # leases expire
+    state.config = replace(state.config, high_watermark=0.001, low_watermark=0.001)
+    assert state.evict_to_watermark() == 2  # "two" and "ssd"; "writing" is in flight
+    by_name = {r.name: r for r in queries.stats(state).segments}
+    assert [by_name[n].counters.evictions for n in ("a-dram", "a-ssd", "b-dram")] == [1, 1, 1]
+    assert [by_name[n].objects for n in ("a-dram", "a-ssd", "b-dram")] == [0, 0, 0]
+    state.check_integrity()
 
 
 def test_restore_from_rocksdb_after_restart(tmp_path: Path, clock: FakeClock) -> None:
