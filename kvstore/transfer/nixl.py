@@ -96,6 +96,11 @@ class NixlEngine(TransferEngine):
         self._addrs[name] = self._register_memory(self.buffers.view(desc))
         return desc
 
+    def unregister(self, name: str) -> bool:
+        """Forget a buffer (its NIXL registration lasts until `close`)."""
+        self._addrs.pop(name, None)
+        return super().unregister(name)
+
     def expose(
         self, name: str, buffer: object, base: SegmentDescriptor | None = None
     ) -> SegmentDescriptor:
