@@ -18,6 +18,10 @@ Conventions:
   no KV transfer between nodes; also the case on a COLOCATED node).
 - A prefix is counted in blocks of `ClusterView.block_tokens` tokens; block ids
   are chained (equal ids = equal prefix), bytes or int (Mooncake's hash_ids).
+- "conditional" on PREFILL + DECODE pools prefills on the decode node when that
+  is sooner and its streams can afford it; on COLOCATED nodes it may also prefill
+  on one node and decode on another. Both need one policy instance per cluster
+  (policies keep state: turns, each node's recent prefill share).
 - Pooled mode (`ClusterView.pooled`): any node can load a prefix cached on
   another node at min(that tier's bandwidth, the network bandwidth).
 """

@@ -17,9 +17,11 @@ their time between tokens within the objective (see `conditional.py`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvstore.conductor.admission import decode_pressure
 from kvstore.conductor.api import ClusterView, Decision, NodeState, PrefixMatch, Request
 from kvstore.conductor.base import PolicyBase
 from kvstore.conductor.conditional import PrefillShare, stretched_tbt_s
@@ -87,6 +89,18 @@ class CacheLoadPolicy(PolicyBase):
         if self.config.conditional:
             return view.decode_nodes()
         return PolicyBase.decode_candidates(view, prefill)
+
+    def pick_decode(self, req: Request, fitting: Sequence[DecodeEstimate]) -> DecodeEstimate:
+        """Lowest pressure; in conditional mode with each node's TBT stretched by the share of
+        its time that prefills take, so decodes avoid nodes that prefill a lot."""
+        if not self.config.conditional:
+            return super().pick_decode(req, fitting)
+
+        def pressure(e: DecodeEstimate) -> tuple[float, str]:
+            tbt = stretched_tbt_s(e.tbt_s, self._share.share(e.node_id, req.arrival_s))
+            return decode_pressure(replace(e, tbt_s=tbt), self.tbt_budget_s), e.node_id
+
+        return min(fitting, key=pressure)
 
     def _commit(
         self, req: Request, node: NodeState, pre: PrefillEstimate, dec: DecodeEstimate, why: str
@@ -162,8 +176,8 @@ class CacheLoadPolicy(PolicyBase):
     def _share_ok(self, req: Request, node: NodeState, pre: PrefillEstimate) -> bool:
         """Whether a decoding node can take this prefill and keep its streams' time between
         tokens within `local_tbt_fill` of the objective (always true for PREFILL nodes)."""
-        if not node.can_decode:
-            return True
+        if not node.can_decode or not node.running_decode_seqs:
+            return True  # no stream to stretch
         cfg = self.config
         share = self._share.share(node.node_id, req.arrival_s) + pre.floor_s / cfg.local_window_s
         step = self.est.decode_on(req, node).tbt_s

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import kvstore
 from kvstore.conductor.latency import (
+    FitReport,
     QuadraticLatencyModel,
     TransferModel,
     distserve_model,
@@ -73,3 +74,9 @@ def load_profile(name: str = DEFAULT_PROFILE, directory: Path | None = None) -> 
     else:
         latency = distserve_model(root / DISTSERVE_JSON, model, tp)
     return Profile(name, latency, TransferModel(kv_bytes_per_token=KV_BYTES_PER_TOKEN[model]))
+
+
+def fit_reports(directory: Path | None = None) -> dict[str, FitReport | None]:
+    """Each profile's fit error against the published points it came from (None: DistServe's
+    coefficients are used as published, there are no raw points here to compare with)."""
+    return {name: load_profile(name, directory).latency.report for name in PROFILES}

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from kvstore.conductor.latency import TransferModel
-from kvstore.conductor.profiles import DISTSERVE_JSON, PROFILES, data_dir, load_profile
+from kvstore.conductor.profiles import (
+    DISTSERVE_JSON,
+    PROFILES,
+    data_dir,
+    fit_reports,
+    load_profile,
+)
 from kvstore.errors import BadRequestError, NotFoundError
 from kvstore.types import Tier
 
@@ -73,3 +79,11 @@ def test_transfer_model_times() -> None:
     )
     with pytest.raises(BadRequestError):
         TransferModel(0)
+
+
+def test_fit_reports_cover_every_profile() -> None:
+    reports = fit_reports()
+    assert sorted(reports) == sorted(PROFILES)
+    assert reports["opt-13b/a100-tp1"] is None
+    fitted = reports["llama2-70b/h100-tp4"]
+    assert fitted is not None and fitted.points == 105 and fitted.prefill_mean_rel_err < 0.15

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from kvstore.conductor import POLICIES, RejectedError, Role, make_policy
 from kvstore.conductor.api import ClusterView, NodeState, Request
 from kvstore.conductor.cache_load import CacheLoadConfig
+from kvstore.conductor.conditional import PrefillShare, stretched_tbt_s
 from kvstore.conductor.index import DictPrefixIndex, PooledDictIndex
 from kvstore.errors import BadRequestError, NoSpaceError
 from kvstore.types import Tier
@@ -226,3 +228,39 @@ def test_empty_cluster_and_bad_input() -> None:
         Request("r", 0.0, 100, 1, (), ttft_slo_s=0.0)
     with pytest.raises(BadRequestError):
         NodeState("n", P, kv_free_tokens=10, kv_capacity_tokens=5)
+
+
+def test_prefill_share_decays_and_stretches_tbt() -> None:
+    share = PrefillShare(window_s=5.0)
+    share.add("d", now=0.0, seconds=1.0)
+    assert share.share("d", 0.0) == pytest.approx(0.2)
+    assert share.share("d", 5.0) == pytest.approx(0.2 * math.exp(-1))
+    assert share.share("other", 3.0) == 0.0
+    assert stretched_tbt_s(0.03, 0.4) == pytest.approx(0.05)
+    assert stretched_tbt_s(0.03, 1.0) == math.inf
+
+
+def test_conditional_stops_local_prefill_when_decode_streams_would_slow() -> None:
+    pol = make_policy("conditional", **KW)
+    v = _cond_view(2.0)  # remote queue 2 s: local is always sooner
+    # d1 runs 4 streams: step with one more = 15 ms; budget 0.8 x 0.1 s = 80 ms, so its
+    # prefill share may reach 1 - 15/80 = 0.8125. Each 2000-token local prefill (0.2 s)
+    # adds 0.2 / 5 s = 0.04: 20 fit at t = 0, the 21st goes remote.
+    at0 = [pol.place(Request(str(i), 0.0, 2000, 10, ()), v).local_prefill for i in range(21)]
+    assert at0 == [True] * 20 + [False]
+    # five seconds later the share has decayed to 0.8 / e: local again
+    later = pol.place(Request("late", 5.0, 2000, 10, ()), v)
+    assert (later.prefill_node, later.local_prefill) == ("d1", True)
+
+
+def test_conditional_on_colocated_nodes_splits_prefill_and_decode() -> None:
+    idx = DictPrefixIndex()
+    idx.add("a", range(9))
+    v = view([node("a", C, running=60), node("b", C)], idx)
+    plain = make_policy("cache_load", **KW).place(req(1000), v)
+    # a colocated node decodes its own prefills: 10 ms + 61 x 1 ms per step
+    assert (plain.prefill_node, plain.decode_node, plain.predicted_tbt_s) == ("a", "a", 0.071)
+    d = make_policy("conditional", **KW).place(req(1000), v)
+    # prefill where the prefix is (0.01 s, + 1 ms KV move) beats 0.1 s on b; decode on idle b
+    assert (d.prefill_node, d.decode_node, d.local_prefill) == ("a", "b", False)
+    assert (d.predicted_ttft_s, d.predicted_tbt_s) == (pytest.approx(0.0100009), 0.011)
