@@ -71,8 +71,7 @@ class PolicyBase:
             raise admission.no_decode_space(req, estimates)
         return min(estimates, key=lambda e: (-e.kv_free_after, e.node_id))
 
-    @staticmethod
-    def decode_candidates(view: ClusterView, prefill: NodeState) -> tuple[NodeState, ...]:
+    def decode_candidates(self, view: ClusterView, prefill: NodeState) -> tuple[NodeState, ...]:
         """A COLOCATED node decodes its own prefills; otherwise DECODE nodes (else any)."""
         if prefill.role == Role.COLOCATED:
             return (prefill,)

@@ -47,7 +47,9 @@ class CacheLoadConfig:
     def __post_init__(self) -> None:
         knobs = (self.slack, self.margin_rel, self.margin_s, self.max_local_stall_s)
         if min(*knobs, self.tie_s, self.tie_rel) < 0 or not 0 < self.local_tbt_fill <= 1:
-            raise BadRequestError(f"cache_load knobs must be >= 0: {self}")
+            raise BadRequestError(
+                f"cache_load knobs must be >= 0, local_tbt_fill in (0, 1]: {self}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ class CacheLoadPolicy(PolicyBase):
         """Conditional mode decodes anywhere (remote or local prefill is chosen per request)."""
         if self.config.conditional:
             return view.decode_nodes()
-        return PolicyBase.decode_candidates(view, prefill)
+        return super().decode_candidates(view, prefill)
 
     def pick_decode(self, req: Request, fitting: Sequence[DecodeEstimate]) -> DecodeEstimate:
         """Lowest pressure; in conditional mode with each node's TBT stretched by the share of
@@ -124,7 +126,7 @@ class CacheLoadPolicy(PolicyBase):
         shared: DecodeEstimate | None = None  # conditional: one decode choice for all
         for node in nodes:
             try:
-                dec = shared or self.decode_for(req, view, node)
+                dec = shared if shared is not None else self.decode_for(req, view, node)
             except RejectedError as exc:  # this pairing has no KV space
                 error = exc
                 continue
