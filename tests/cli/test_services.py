@@ -1,0 +1,82 @@
+"""`kvstore master`, `kvstore node` and `kvstore tiers` as real processes on 127.0.0.1.
+
+Metadata traffic goes straight to the master over gRPC, so the exact counters of
+one (node, tier) are known: two committed puts, one evicted, two hits, one miss.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kvstore.v1 import master_pb2, master_pb2_grpc
+
+from .procs import run, service
+
+pytestmark = pytest.mark.timeout(90)
+KiB = 1 << 10
+
+
+def _put(stub: master_pb2_grpc.MasterStub, key: str, size: int) -> None:
+    item = master_pb2.PutStartItem(key=key, size=size)
+    res = stub.PutStart(master_pb2.PutStartRequest(client_id="t", items=[item]), timeout=5)
+    assert res.results[0].status.code == 0
+    end = stub.PutEnd(master_pb2.PutEndRequest(client_id="t", keys=[key]), timeout=5)
+    assert end.results[0].code == 0
+
+
+def _workload(address: str) -> None:
+    """300 KiB k0, then k1 (both in DRAM): above 0.25 of the 2 MiB pool, k0 is evicted."""
+    with grpc.insecure_channel(address) as ch:
+        stub = master_pb2_grpc.MasterStub(ch)
+        _put(stub, "k0", 300 * KiB)
+        _put(stub, "k1", 300 * KiB)
+        look = stub.BatchLookup(master_pb2.BatchLookupRequest(keys=["k1", "k1", "nope"]))
+        assert [r.status.code != 0 for r in look.results] == [False, False, True]
+
+
+def test_master_node_tiers(tmp_path: Path) -> None:
+    master_args = ["--high-watermark", "0.25", "--low-watermark", "0.1"]
+    with service("master", "--listen", "127.0.0.1:0", *master_args) as (_, ready):
+        assert ready.startswith("kvstore master listening on 127.0.0.1:")
+        address = ready.split()[4]
+        node_args = ["--master", address, "--listen", "127.0.0.1:0", "--node-id", "n1"]
+        ssd = ["--ssd-dir", str(tmp_path), "--ssd-mib", "1"]
+        with service("node", *node_args, "--dram-mib", "1", *ssd) as (_, node_ready):
+            assert node_ready.startswith("kvstore node n1 ready on 127.0.0.1:")
+            _workload(address)
+            doc = json.loads(run("tiers", "--master", address, "--json").stdout)
+            table = run("tiers", "--master", address)
+    assert doc["master"] == address and [n["node_id"] for n in doc["nodes"]] == ["n1"]
+    dram, ssd_row = doc["tiers"]
+    assert (dram["node_id"], dram["tier"], ssd_row["tier"]) == ("n1", "DRAM", "SSD")
+    assert (dram["capacity"], ssd_row["capacity"]) == (1 << 20, 1 << 20)
+    assert (dram["used"], dram["objects"], dram["evictions"]) == (300 * KiB, 1, 1)
+    assert (dram["hits"], dram["bytes_in"], dram["bytes_out"]) == (2, 600 * KiB, 600 * KiB)
+    assert dram["hit_ratio"] == pytest.approx(2 / 3)
+    assert (ssd_row["used"], ssd_row["hits"], ssd_row["evictions"]) == (0, 0, 0)
+    pool = doc["pool"]
+    assert (pool["hits"], pool["misses"], pool["evictions"], pool["objects"]) == (2, 1, 1, 1)
+    assert table.returncode == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["node", "tier", "capacity", "used"]
+    assert lines[2].split() == [
+        "n1", "DRAM", "1.0", "MiB", "300.0", "KiB", "29.3", "1", "2", "66.7", "1", "600.0",
+        "KiB", "600.0", "KiB",
+    ]  # fmt: skip
+    assert lines[3].split()[:2] == ["n1", "SSD"]
+    assert lines[-1] == "lookups: 2 hits, 1 misses; 0 puts in flight"
+
+
+def test_tiers_without_master_fails_cleanly() -> None:
+    res = run("tiers", "--master", "127.0.0.1:1", "--timeout-s", "1")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "kvstore tiers: master 127.0.0.1:1: UNAVAILABLE"
+
+
+def test_bad_listen_address_is_rejected() -> None:
+    res = run("node", "--master", "127.0.0.1:1", "--listen", "nohostport")
+    assert res.returncode != 0 and "bad --listen 'nohostport'" in res.stderr
