@@ -124,6 +124,12 @@ class RouteResult:
     hits: HitStats
     node_busy_s: dict[str, float]
     rejected: int
+    local_hit_blocks: int = 0  # hit blocks already on the prefill node (no network load)
+
+    @property
+    def local_share(self) -> float:
+        """Fraction of hit blocks the prefill node held itself."""
+        return self.local_hit_blocks / self.hits.hit_blocks if self.hits.hit_blocks else 0.0
 
     @property
     def load_imbalance(self) -> float:
@@ -174,7 +180,7 @@ def route_only(
         raise BadRequestError("empty cluster: no node specs")
     servers = {s.node_id: _FifoServer(s) for s in specs}
     pool = make_pool({s.node_id: s.cache for s in specs}, pooled=pooled)
-    hb = tb = ht = tt = rejected = 0
+    hb = tb = ht = tt = rejected = local = 0
     for r in load.requests:
         now = r.arrival_s
         view = ClusterView(tuple(s.state(now) for s in servers.values()), pool, pooled=pooled)
@@ -185,7 +191,9 @@ def route_only(
         except RejectedError:
             rejected += 1
             continue
-        n = pool.prefix(d.prefill_node, r.blocks).blocks
+        hit = pool.prefix(d.prefill_node, r.blocks)
+        n = hit.blocks
+        local += sum(hit.local.values())
         cached = hit_tokens(r, n)
         hb += n
         ht += cached
@@ -195,4 +203,4 @@ def route_only(
         pool.insert(d.prefill_node, r.blocks)
     pool.check_integrity()
     busy = {k: s.busy_s for k, s in servers.items()}
-    return RouteResult(HitStats(hb, tb, ht, tt), busy, rejected)
+    return RouteResult(HitStats(hb, tb, ht, tt), busy, rejected, local)
