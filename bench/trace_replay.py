@@ -164,7 +164,9 @@ def targets(hits: list[dict], serve: dict | None) -> dict:
         pol = row["policies"]
         cl = pol["cache_load"]["pooled"]
         res["hit_within_5pct_of_lru_and_balanced"].append(
-            cl["hit"] >= 0.95 * row["global_lru"] and cl["load_max_mean"] <= 1.25
+            None  # no prefix reuse in the trace (Azure): nothing to compare
+            if row["global_lru"] == 0
+            else cl["hit"] >= 0.95 * row["global_lru"] and cl["load_max_mean"] <= 1.25
         )
         rnd = pol["random"]["local"]["hit"]
         res["hit_vs_random_local"].append(cl["hit"] / rnd if rnd else None)
