@@ -1,11 +1,12 @@
-"""Simulated serving nodes: a GPU loop per node, prefix caches, and a pooled/local index.
+"""Simulated serving nodes: one GPU loop per node, driven by the shared event loop.
 
-Each node has one GPU that runs either a prefill (FIFO, prefill first, so a long prompt
-stalls the node's running decodes, as on a colocated vLLM engine) or one continuous-batching
-decode step of every running sequence. Step times come from a `LatencyModel`; KV loads and
-prefill->decode KV moves from a `TransferModel`. After a prefill its prompt's blocks enter
-that node's tiered cache (its share of the pool). A sequence holds `prompt+generated` tokens
-of its decode node's KV memory; sequences wait for memory in FIFO order.
+Each node's GPU runs either a prefill (FIFO, prefill first, so a long prompt stalls the
+node's running decodes, as on a colocated vLLM engine) or one continuous-batching decode step
+of all its running sequences. Step times come from a `LatencyModel`; loading a cached prefix
+(by tier, remote at network speed) and the prefill->decode KV move from a `TransferModel`.
+A prefill uses the longest prefix its node can reach in the `pool` (its own cache, or any
+node's in a pooled store) and then stores the prompt's blocks there. A sequence reserves
+prompt+output tokens of its decode node's KV memory and waits FIFO when they do not fit.
 """
 
 from __future__ import annotations
