@@ -185,15 +185,26 @@ class SlabFile:
         return True
 
     def write(
-        self, offset: int, staging: memoryview, pool: Executor | None, source: Buffer = None
+        self,
+        offset: int,
+        staging: memoryview,
+        pool: Executor | None,
+        source: Buffer = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
         """Write aligned `staging` at aligned `offset`. With `source`, each chunk task
-        first copies its part of `source` into `staging` (copies run in parallel)."""
+        first copies its part of `source` into `staging` (copies run in parallel).
+        `meanwhile` runs in this thread while the chunks are in flight."""
         tasks = []
         for off, part in self._chunks(offset, staging):
             src = None if source is None else source[off - offset : off - offset + len(part)]
             tasks.append((off, part, src))
-        _wait_all([self._submit(pool, len(tasks), self._copy_and_write, *t) for t in tasks])
+        futures = [self._submit(pool, len(tasks), self._copy_and_write, *t) for t in tasks]
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:
+            _wait_all(futures)
         if self.mode == BUFFERED:
             try:
                 os.fdatasync(self._fd)

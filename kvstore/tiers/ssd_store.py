@@ -54,10 +54,14 @@ class SlabStore:
     def write(
         self, offset: int, staging: AlignedBuffer, size: int, source: memoryview | None
     ) -> int:
-        """Write an object (copying `source` into `staging` on the way); its checksum."""
-        checksum = checksum_of(staging.view[:size] if source is None else source)
-        self.slab.write(offset, staging.view, self.pool, source)
-        return checksum
+        """Write an object (copying `source` into `staging` on the way); its checksum,
+        computed while the chunks are in flight."""
+        data = staging.view[:size] if source is None else source
+        checksum: list[int] = []
+        self.slab.write(
+            offset, staging.view, self.pool, source, lambda: checksum.append(checksum_of(data))
+        )
+        return checksum[0]
 
     def read(self, key: str, obj: SsdObject, out: memoryview | None) -> AlignedBuffer:
         """Read and verify an object into a staging buffer (and on into `out`)."""
