@@ -1,0 +1,85 @@
+"""User memory as flat byte views, without copies.
+
+Values and targets may be bytes/bytearray/memoryview, numpy arrays (C-contiguous)
+or CPU torch tensors (contiguous). Transfer engines only register writable views;
+a read-only source (bytes, a read-only array) is registered through a writable
+alias of the same memory, which the engine only ever reads from (WRITE ops).
+`new_bytes` makes an uninitialised `bytes` object that a READ fills in place, so
+`get` returns bytes with one copy (the transfer) instead of two.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from kvstore.errors import BadRequestError
+from kvstore.transfer.buffers import as_byte_view
+
+
+def _is_torch_tensor(obj: object) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def byte_view(obj: object, *, writable: bool = False) -> memoryview:
+    """A flat 'B' view sharing `obj`'s memory; BadRequestError if impossible."""
+    if _is_torch_tensor(obj):
+        return as_byte_view(obj)
+    if hasattr(obj, "__array_interface__") and not isinstance(obj, memoryview):
+        arr = np.asarray(obj)
+        if not arr.flags.c_contiguous:
+            raise BadRequestError("array must be C-contiguous")
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+    else:
+        try:
+            view = memoryview(obj)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise BadRequestError(f"not a buffer: {type(obj).__name__}") from exc
+        if not view.c_contiguous:
+            raise BadRequestError("buffer must be C-contiguous")
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+    if writable and view.readonly:
+        raise BadRequestError(f"target {type(obj).__name__} is read-only")
+    return view
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a view's first byte (0 for an empty view)."""
+    if view.nbytes == 0:
+        return 0
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def engine_view(view: memoryview) -> memoryview:
+    """`view` itself when writable, else a writable alias of the same bytes.
+
+    The caller keeps the source alive for as long as the alias is in use.
+    """
+    if not view.readonly or view.nbytes == 0:
+        return view
+    alias = (ctypes.c_ubyte * view.nbytes).from_address(address_of(view))
+    return memoryview(alias).cast("B")
+
+
+_CPYTHON = sys.implementation.name == "cpython"
+if _CPYTHON:
+    _bytes_from_size = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _bytes_from_size.restype = ctypes.py_object
+    _bytes_from_size.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+
+
+def new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """A fresh object of `size` bytes to return from `get`, and a writable view of it.
+
+    On CPython a new, not yet shared `bytes` (filled before anyone sees it, as C code
+    does); elsewhere a bytearray.
+    """
+    if size <= 0 or not _CPYTHON:
+        out = bytearray(size)
+        return out, memoryview(out)
+    data = _bytes_from_size(None, size)
+    alias = (ctypes.c_ubyte * size).from_address(ctypes.cast(data, ctypes.c_void_p).value or 0)
+    return data, memoryview(alias).cast("B")

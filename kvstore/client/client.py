@@ -1,0 +1,177 @@
+"""kvstore.Client: the synchronous client of the pool.
+
+    with Client("127.0.0.1:50051") as c:
+        c.put("k", b"value")                 # PutStart -> one-sided WRITE -> PutEnd
+        assert c.get("k") == b"value"        # BatchLookup (leased) -> one-sided READ
+        n = c.get_into("k", out_array)       # straight into the caller's memory
+
+Metadata goes to the master over gRPC (every call bounded by `timeout_s`); bytes move
+one-sided between this process and the nodes (shared memory on the same host, TCP
+otherwise, or as `transport=` forces). Thread-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from kvstore.client.config import ClientConfig
+from kvstore.client.context import OpContext
+from kvstore.client.datapath import DataPath
+from kvstore.client.directory import SegmentDirectory
+from kvstore.client.ops import ClientOps, PrefixMatchResult
+from kvstore.client.segments import contributed_node
+from kvstore.client.steps import Op, Rpc, run_sync
+from kvstore.client.writes import PutOptions
+from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.node.node import StorageNode, master_channel
+from kvstore.rpc_errors import raise_from_rpc_error
+from kvstore.types import Tier
+from kvstore.v1 import master_pb2_grpc
+
+T = TypeVar("T")
+
+
+def make_config(master: str | ClientConfig, options: dict[str, Any]) -> ClientConfig:
+    """A ClientConfig from an address or a config, with `options` overriding fields."""
+    if isinstance(master, ClientConfig):
+        return dataclasses.replace(master, **options) if options else master
+    if not isinstance(master, str):
+        raise BadRequestError(f"master must be 'host:port' or a ClientConfig, got {master!r}")
+    return ClientConfig(master=master, **options)
+
+
+class Client:
+    """Sync client; `Client("HOST:PORT", transport="tcp", segment_bytes=..., tenant=...)`."""
+
+    def __init__(self, master: str | ClientConfig, **options: Any) -> None:
+        self.config = make_config(master, options)
+        self._data = DataPath(self.config.transport, self.config.timeout_s)
+        self._ctx = OpContext(self.config, SegmentDirectory(), self._data)
+        self._ops = ClientOps(self._ctx)
+        self._channel = master_channel(self.config.master, self.config.credentials)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+        self._node: StorageNode | None = None
+        self._closed = False
+        try:
+            self._contribute()
+        except BaseException:
+            self.close()
+            raise
+
+    def _contribute(self) -> None:
+        if self.config.segment_bytes:
+            node = contributed_node(self.config)
+            node.start()
+            self._node = node
+            self._ctx.node_id = self.config.id
+
+    def _call(self, step: Rpc) -> Any:
+        try:
+            return getattr(self._stub, step.method)(step.request, timeout=self.config.timeout_s)
+        except grpc.RpcError as err:
+            raise_from_rpc_error(err)
+
+    def run(self, op: Op[T], call: Any = None) -> T:
+        """Run one operation (steps of kvstore.client.steps); `call` overrides RPCs (tests)."""
+        if self._closed:
+            raise BadRequestError("client is closed")
+        return run_sync(op, call or self._call)
+
+    @property
+    def ops(self) -> ClientOps:
+        return self._ops
+
+    # -- writes ---------------------------------------------------------------
+
+    def put(
+        self, key: str, value: object, *, group: str = "", replicas: int | None = None,
+        pin_ttl_s: float = 0.0, tier: Tier | None = None,
+    ) -> None:  # fmt: skip
+        """Store `value` (bytes-like, numpy array, CPU tensor) under `key`; ExistsError if taken."""
+        self.run(self._ops.put(key, value, PutOptions(group, replicas, pin_ttl_s, tier)))
+
+    def put_from(
+        self, key: str, buffer: object, offset: int = 0, length: int | None = None, **kw: Any
+    ) -> None:
+        """Store `buffer[offset:offset+length]` (zero-copy from a registered buffer)."""
+        self.run(self._ops.put_from(key, buffer, offset, length, PutOptions(**kw)))
+
+    def batch_put(
+        self, items: Sequence[tuple[str, object]], **kw: Any
+    ) -> list[KVStoreError | None]:
+        """Store many values in one PutStart / transfer batch / PutEnd; a result per key."""
+        return self.run(self._ops.batch_put(items, PutOptions(**kw)))
+
+    def batch_put_from(
+        self, keys: Sequence[str], buffers: Sequence[object], **kw: Any
+    ) -> list[KVStoreError | None]:
+        return self.run(self._ops.batch_put_from(keys, buffers, PutOptions(**kw)))
+
+    # -- reads ----------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        """The value of `key`; NotFoundError when absent."""
+        return self.run(self._ops.get(key))
+
+    def get_into(self, key: str, out: object) -> int:
+        """Read `key` into `out`; bytes written. TooLargeError if `out` is too small."""
+        return self.run(self._ops.get_into(key, out))
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self.run(self._ops.batch_get(keys))
+
+    def batch_get_into(
+        self, keys: Sequence[str], outs: Sequence[object]
+    ) -> list[int | KVStoreError]:
+        return self.run(self._ops.batch_get_into(keys, outs))
+
+    def exists(self, key: str) -> bool:
+        return self.run(self._ops.batch_exists([key]))[0]
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return self.run(self._ops.batch_exists(keys))
+
+    def size_of(self, key: str) -> int | None:
+        return self.run(self._ops.batch_size_of([key]))[0]
+
+    # -- admin ----------------------------------------------------------------
+
+    def remove(self, key: str, *, force: bool = False) -> bool:
+        """True if removed, False if absent; NotReadyError while leased/pinned (unless force)."""
+        return self.run(self._ops.remove(key, force))
+
+    def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
+        return self.run(self._ops.match_prefix(keys))
+
+    def stats(self) -> dict[str, Any]:
+        """The master's Stats as a plain dict."""
+        return self.run(self._ops.stats())
+
+    def register_buffer(self, buffer: object) -> None:
+        """Register memory for zero-copy *_from / *_into (slices of it qualify too)."""
+        self._data.register(buffer)
+
+    def unregister_buffer(self, buffer: object) -> None:
+        self._data.unregister(buffer)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmount a contributed segment, close connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._node is not None:
+            self._node.stop()
+        self._data.close()
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,61 @@
+"""Configuration of a client: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from kvstore.errors import BadRequestError
+from kvstore.transfer.base import parse_endpoint
+from kvstore.transfer.select import ENGINE_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Where the master is and how this client moves bytes.
+
+    `segment_bytes` > 0 contributes a DRAM segment of that size to the pool (the client
+    becomes a node named `client_id`; its puts prefer it). `tenant` namespaces every
+    key and group ("<tenant>/<key>" on the wire). `credentials` (grpc.ChannelCredentials)
+    makes the master channel secure. `timeout_s` bounds every RPC and every transfer.
+    """
+
+    master: str
+    client_id: str | None = None  # None: a fresh "client-<uuid>"
+    transport: str = "auto"
+    segment_bytes: int = 0
+    tenant: str = ""
+    credentials: object | None = None
+    replicas: int = 1
+    timeout_s: float = 10.0
+    lease_ttl_s: float = 5.0
+    listen_host: str = "127.0.0.1"  # where a contributed segment's TCP endpoint listens
+
+    def __post_init__(self) -> None:
+        parse_endpoint(self.master)
+        if self.client_id is None:  # frozen: fill the default once, at construction
+            object.__setattr__(self, "client_id", f"client-{uuid.uuid4().hex[:12]}")
+        if not isinstance(self.client_id, str) or not 0 < len(self.client_id) <= 256:
+            raise BadRequestError("client_id must be 1..256 characters")
+        if self.transport not in ENGINE_KINDS:
+            raise BadRequestError(
+                f"unknown transport {self.transport!r}; valid: {', '.join(ENGINE_KINDS)}"
+            )
+        if self.segment_bytes < 0:
+            raise BadRequestError("segment_bytes must be >= 0")
+        if "/" in self.tenant:
+            raise BadRequestError("tenant must not contain '/'")
+        if not 1 <= self.replicas <= 16:
+            raise BadRequestError(f"replicas must be in [1, 16], got {self.replicas}")
+        if self.timeout_s <= 0 or self.lease_ttl_s <= 0:
+            raise BadRequestError("timeout_s and lease_ttl_s must be > 0")
+
+    @property
+    def id(self) -> str:
+        """The client id (never None after construction)."""
+        assert self.client_id is not None
+        return self.client_id
+
+    def wire_key(self, key: str) -> str:
+        """The key as the master sees it: namespaced by tenant."""
+        return f"{self.tenant}/{key}" if self.tenant else key

@@ -1,0 +1,40 @@
+"""What every client operation needs: config, segment directory, data path, own node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstore.client.config import ClientConfig
+from kvstore.client.datapath import DataPath
+from kvstore.client.directory import SegmentDirectory
+from kvstore.client.steps import Op, Rpc
+from kvstore.transfer.base import SegmentDescriptor
+from kvstore.types import Location
+from kvstore.v1 import master_pb2
+
+
+@dataclass(slots=True)
+class OpContext:
+    """Shared by the operations of one client (sync or async)."""
+
+    config: ClientConfig
+    directory: SegmentDirectory
+    data: DataPath
+    node_id: str = ""  # the node id of our contributed segment, "" if none
+
+
+def resolve(
+    ctx: OpContext, locs: Sequence[Location], refresh: bool = False
+) -> Op[list[SegmentDescriptor | None]]:
+    """Descriptors of `locs`; one Stats refresh when any is unknown (or `refresh`)."""
+    descs = [ctx.directory.descriptor(loc) for loc in locs]
+    if refresh or any(d is None for d in descs):
+        ctx.directory.update((yield Rpc("Stats", master_pb2.StatsRequest())))
+        descs = [ctx.directory.descriptor(loc) for loc in locs]
+    return descs
+
+
+def call(method: str, request: object) -> Op[object]:
+    """An operation of one master call."""
+    return (yield Rpc(method, request))

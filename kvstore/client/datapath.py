@@ -1,0 +1,147 @@
+"""The client's data plane: one batch of one-sided transfers per call, no copies.
+
+Local memory is found in the buffers registered by the user (by address, so any
+slice of a registered array works) or registered for the duration of the batch.
+Each batch is submitted once and waited on once; the engine's own per-chunk I/O
+timeout (`timeout_s`) fails a hung peer, the wait (twice that) is a safety net.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstore.client.buffers import address_of, byte_view, engine_view
+from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
+from kvstore.transfer.base import (
+    BufferDescriptor,
+    SegmentDescriptor,
+    TransferOp,
+    TransferRequest,
+)
+from kvstore.transfer.select import choose_kind, make_engine
+from kvstore.transfer.shm import shm_reachable
+from kvstore.transfer.tcp import TcpConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Move `view` (local) to/from remote[remote_offset : remote_offset + view.nbytes]."""
+
+    remote: SegmentDescriptor
+    remote_offset: int
+    view: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A result per transfer; `settled` False when some may still be in flight."""
+
+    errors: list[Exception | None]
+    settled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Region:
+    start: int
+    end: int
+    desc: BufferDescriptor
+    owner: object  # keeps the user's buffer alive while registered
+
+
+class DataPath:
+    """A transfer engine plus the user's registered buffers."""
+
+    def __init__(self, transport: str, timeout_s: float) -> None:
+        tcp = TcpConfig(connect_timeout=min(5.0, timeout_s), io_timeout=timeout_s)
+        self.transport = transport
+        self.engine = make_engine(transport, tcp=tcp)
+        self._timeout = timeout_s
+        self._regions: list[_Region] = []  # sorted by start, non-overlapping
+        self._lock = threading.Lock()
+        self._names = itertools.count()
+
+    # -- registered buffers ----------------------------------------------------
+
+    def register(self, buffer: object) -> None:
+        """Register `buffer` for zero-copy *_from / *_into calls (any slice of it works)."""
+        view = byte_view(buffer)
+        start = address_of(view)
+        if not view.nbytes:
+            raise BadRequestError("cannot register an empty buffer")
+        with self._lock:
+            i = bisect.bisect_left([r.start for r in self._regions], start)
+            near = self._regions[max(0, i - 1) : i + 1]
+            if any(r.start < start + view.nbytes and start < r.end for r in near):
+                raise BadRequestError("buffer overlaps a registered buffer")
+            desc = self.engine.register(f"r{next(self._names)}", engine_view(view))
+            self._regions.insert(i, _Region(start, start + view.nbytes, desc, buffer))
+
+    def unregister(self, buffer: object) -> None:
+        """Forget a registered buffer (NotFoundError if it was not registered)."""
+        start = address_of(byte_view(buffer))
+        with self._lock:
+            for i, region in enumerate(self._regions):
+                if region.start == start:
+                    del self._regions[i]
+                    self.engine.unregister(region.desc.name)
+                    return
+        raise NotFoundError("buffer is not registered")
+
+    def _find(self, view: memoryview) -> tuple[BufferDescriptor, int] | None:
+        start = address_of(view)
+        with self._lock:
+            i = bisect.bisect_right([r.start for r in self._regions], start) - 1
+            if i >= 0 and start + view.nbytes <= self._regions[i].end:
+                region = self._regions[i]
+                return region.desc, start - region.start
+        return None
+
+    # -- transfers --------------------------------------------------------------
+
+    def run(self, op: TransferOp, transfers: Sequence[Transfer]) -> BatchResult:
+        """Submit every transfer as one batch and wait; an error per transfer."""
+        errors: list[Exception | None] = [None] * len(transfers)
+        temps: list[str] = []
+        reqs, index = [], []
+        try:
+            for i, t in enumerate(transfers):
+                try:
+                    reqs.append(self._request(op, t, temps))
+                    index.append(i)
+                except KVStoreError as exc:
+                    errors[i] = exc
+            if not reqs:
+                return BatchResult(errors, True)
+            handle = self.engine.submit(reqs)
+            for i, err in zip(index, handle.wait(2 * self._timeout), strict=True):
+                errors[i] = err
+            return BatchResult(errors, handle.done())
+        finally:
+            for name in temps:
+                self.engine.unregister(name)
+
+    def _request(self, op: TransferOp, t: Transfer, temps: list[str]) -> TransferRequest:
+        self._check_reachable(t.remote)
+        found = self._find(t.view)
+        if found is None:
+            name = f"t{next(self._names)}"
+            desc = self.engine.register(name, engine_view(t.view))
+            temps.append(name)
+            found = desc, 0
+        desc, offset = found
+        return TransferRequest(op, t.remote, t.remote_offset, t.view.nbytes, desc, offset)
+
+    def _check_reachable(self, remote: SegmentDescriptor) -> None:
+        if self.transport == "shm" and not shm_reachable(remote):
+            raise BadRequestError(f"segment {remote.name!r} cannot be mapped from this host")
+        if self.transport == "tcp" and not remote.endpoint:
+            raise BadRequestError(f"segment {remote.name!r} has no TCP endpoint")
+        if self.transport == "auto":
+            choose_kind(remote)
+
+    def close(self) -> None:
+        self.engine.close()

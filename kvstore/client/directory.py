@@ -1,0 +1,57 @@
+"""Where the pool's segments are: SegmentDescriptors for Locations, from master Stats.
+
+A Location names (node, tier, segment, offset, length); the data plane needs the
+node's TCP endpoint and host id (Stats.nodes) and the segment's size (Stats.segments).
+DRAM segments are /dev/shm files named like the segment: same-host clients map them.
+The cache is refreshed from Stats when a location is unknown (a new node or segment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstore.errors import BadRequestError
+from kvstore.transfer.base import SegmentDescriptor
+from kvstore.types import Location, Tier
+from kvstore.v1 import master_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    tcp_address: str
+    host_id: str
+
+
+class SegmentDirectory:
+    """Descriptors of mounted segments, per (node, segment); replaced whole on refresh."""
+
+    def __init__(self) -> None:
+        self._descs: dict[tuple[str, str], SegmentDescriptor] = {}
+        self.refreshes = 0
+
+    def descriptor(self, loc: Location) -> SegmentDescriptor | None:
+        """The descriptor of `loc`'s segment, or None when unknown (refresh, then retry)."""
+        return self._descs.get((loc.node_id, loc.segment))
+
+    def update(self, stats: master_pb2.StatsResponse) -> None:
+        """Rebuild from a Stats reply (one atomic swap: readers never see half a table)."""
+        nodes = {
+            n.node_id: _Node(n.endpoint.tcp_address, n.endpoint.shm_host_id) for n in stats.nodes
+        }
+        descs: dict[tuple[str, str], SegmentDescriptor] = {}
+        for seg in stats.segments:
+            node = nodes.get(seg.node_id)
+            if node is None:
+                continue
+            try:
+                descs[(seg.node_id, seg.segment)] = SegmentDescriptor(
+                    name=seg.segment, size=seg.capacity, host_id=node.host_id,
+                    endpoint=node.tcp_address, shm=seg.tier == Tier.DRAM,
+                )  # fmt: skip
+            except BadRequestError:
+                continue  # an endpoint we cannot parse: that segment stays unreachable
+        self._descs = descs
+        self.refreshes += 1
+
+    def __len__(self) -> int:
+        return len(self._descs)

@@ -1,0 +1,97 @@
+"""The read path: BatchLookup (a read lease on every hit) -> one-sided READ.
+
+One BatchLookup and one transfer batch per call; keys whose READ failed are retried
+on their next replica (after one directory refresh) in another single batch, until
+every key succeeded or ran out of replicas. Replicas this host can map (its own
+DRAM segments) are tried first, then faster tiers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvstore.client.context import OpContext, resolve
+from kvstore.client.datapath import Transfer
+from kvstore.client.steps import Io, Op, Rpc
+from kvstore.errors import KVStoreError, TransferError
+from kvstore.master.service import from_pb_location
+from kvstore.rpc_errors import error_for
+from kvstore.transfer.base import TransferOp
+from kvstore.transfer.shm import shm_reachable
+from kvstore.types import Location
+from kvstore.v1 import master_pb2
+
+# (index, size) -> the view to read exactly `size` bytes into, or that key's error.
+Target = Callable[[int, int], memoryview | KVStoreError]
+
+
+def lookup_op(
+    ctx: OpContext, keys: Sequence[str], lease_ms: int
+) -> Op[list[master_pb2.LookupResult]]:
+    """One BatchLookup; a LookupResult per key."""
+    request = master_pb2.BatchLookupRequest(keys=keys, lease_ttl_ms=lease_ms)
+    reply = yield Rpc("BatchLookup", request)
+    return list(reply.results)
+
+
+def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int | KVStoreError]]:
+    """Read each key into `target(i, size)`; a result per key: bytes read or its error."""
+    lease_ms = max(1, int(ctx.config.lease_ttl_s * 1000))
+    found = yield from lookup_op(ctx, keys, lease_ms)
+    results: list[int | KVStoreError] = [0] * len(keys)
+    pending: dict[int, tuple[list[Location], memoryview]] = {}
+    for i, res in enumerate(found):
+        err = error_for(res.status.code, res.status.message)
+        view = err if err is not None else target(i, res.size)
+        if isinstance(view, KVStoreError):
+            results[i] = view
+            continue
+        pending[i] = (_order(ctx, [from_pb_location(r) for r in res.replicas]), view)
+        results[i] = res.size
+    attempt = 0
+    while pending:
+        yield from _read_round(ctx, pending, attempt, results)
+        attempt += 1
+    return results
+
+
+def _order(ctx: OpContext, replicas: list[Location]) -> list[Location]:
+    """Replicas this host can map first, then by tier (stable: the master's order)."""
+
+    def rank(loc: Location) -> tuple[bool, int]:
+        desc = ctx.directory.descriptor(loc)
+        local = desc is not None and ctx.data.transport != "tcp" and shm_reachable(desc)
+        return (not local, int(loc.tier))
+
+    return sorted(replicas, key=rank)
+
+
+def _read_round(
+    ctx: OpContext,
+    pending: dict[int, tuple[list[Location], memoryview]],
+    attempt: int,
+    results: list[int | KVStoreError],
+) -> Op[None]:
+    """READ replica `attempt` of every pending key as one batch; settle what is final."""
+    for i in [i for i, (locs, _) in pending.items() if attempt >= len(locs)]:
+        if not isinstance(results[i], KVStoreError):
+            results[i] = TransferError("object has no readable replica")
+        del pending[i]
+    if not pending:
+        return
+    order = list(pending)
+    locs = [pending[i][0][attempt] for i in order]
+    descs = yield from resolve(ctx, locs, refresh=attempt > 0)
+    transfers, owners = [], []
+    for i, loc, desc in zip(order, locs, descs, strict=True):
+        if desc is None:
+            results[i] = TransferError(f"segment {loc.segment!r} of {loc.node_id!r} is gone")
+            continue
+        transfers.append(Transfer(desc, loc.offset, pending[i][1]))
+        owners.append(i)
+    batch = yield Io(lambda: ctx.data.run(TransferOp.READ, transfers))
+    for i, err in zip(owners, batch.errors, strict=True):
+        if err is None:
+            results[i] = pending.pop(i)[1].nbytes
+        else:
+            results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))

@@ -1,0 +1,23 @@
+"""A segment a client contributes to the pool, as in Mooncake: the client process
+becomes a storage node named by its client id (a /dev/shm DRAM segment served over
+TCP, registered and heart-beating), and its puts prefer that node."""
+
+from __future__ import annotations
+
+from kvstore.client.config import ClientConfig
+from kvstore.node.config import NodeConfig
+from kvstore.node.node import StorageNode
+
+
+def contributed_node(config: ClientConfig) -> StorageNode:
+    """The (not yet started) node lending `config.segment_bytes` of DRAM for this client."""
+    return StorageNode(
+        NodeConfig(
+            master=config.master,
+            node_id=config.id,
+            listen_host=config.listen_host,
+            dram_bytes=config.segment_bytes,
+            rpc_timeout_s=config.timeout_s,
+            credentials=config.credentials,
+        )
+    )

@@ -1,0 +1,47 @@
+"""`python -m kvstore.node --master HOST:PORT --dram-mib N [...]`: run one storage node."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from kvstore.node.config import NodeConfig, default_node_id
+from kvstore.node.node import run_node
+
+MIB = 1 << 20
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvstore.node", description=__doc__)
+    p.add_argument("--master", required=True, help="host:port of the master")
+    p.add_argument("--node-id", default=None, help="default: <hostname>-<pid>")
+    p.add_argument("--host", default="127.0.0.1", help="TCP transfer listen address")
+    p.add_argument("--port", type=int, default=0, help="TCP transfer port (0 = any free)")
+    p.add_argument("--dram-mib", type=float, default=64.0, help="DRAM segment size")
+    p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file")
+    p.add_argument("--ssd-mib", type=float, default=0.0, help="SSD segment size (0 = none)")
+    p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    config = NodeConfig(
+        master=args.master,
+        node_id=args.node_id or default_node_id(),
+        listen_host=args.host,
+        tcp_port=args.port,
+        dram_bytes=int(args.dram_mib * MIB),
+        ssd_dir=args.ssd_dir,
+        ssd_bytes=int(args.ssd_mib * MIB),
+        heartbeat_s=args.heartbeat_s,
+    )
+    run_node(config)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""Configuration of a storage node: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from kvstore.errors import BadRequestError
+from kvstore.transfer.base import parse_endpoint
+
+
+def default_node_id() -> str:
+    """A node id unique on this host for this process: "<hostname>-<pid>"."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """What a storage node lends to the pool and how it reaches the master.
+
+    `heartbeat_s` = 0 uses the interval the master asks for at registration.
+    `ssd_dir` + `ssd_bytes` > 0 add an SSD segment (a preallocated file, mmap'd).
+    """
+
+    master: str
+    node_id: str = field(default_factory=default_node_id)
+    listen_host: str = "127.0.0.1"
+    tcp_port: int = 0
+    dram_bytes: int = 64 << 20
+    ssd_dir: str | None = None
+    ssd_bytes: int = 0
+    heartbeat_s: float = 0.0
+    rpc_timeout_s: float = 5.0
+    alignment: int = 0  # allocation alignment the master uses in our segments; 0 = its default
+    credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
+
+    def __post_init__(self) -> None:
+        parse_endpoint(self.master)
+        if not self.node_id or len(self.node_id) > 256:
+            raise BadRequestError("node_id must be 1..256 characters")
+        if not 0 <= self.tcp_port < 65536:
+            raise BadRequestError(f"bad tcp_port {self.tcp_port}")
+        if self.dram_bytes < 0 or self.ssd_bytes < 0:
+            raise BadRequestError("dram_bytes and ssd_bytes must be >= 0")
+        if self.ssd_bytes and not self.ssd_dir:
+            raise BadRequestError("ssd_bytes > 0 needs ssd_dir")
+        if self.dram_bytes == 0 and self.ssd_bytes == 0:
+            raise BadRequestError("a node must lend some DRAM or SSD bytes")
+        if self.heartbeat_s < 0 or self.rpc_timeout_s <= 0:
+            raise BadRequestError("heartbeat_s must be >= 0 and rpc_timeout_s > 0")
+        if self.alignment < 0 or self.alignment & (self.alignment - 1):
+            raise BadRequestError(f"alignment must be 0 or a power of two, got {self.alignment}")

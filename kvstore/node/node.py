@@ -1,0 +1,122 @@
+"""The storage node: lends DRAM (and optionally SSD) segments to the pool and serves
+one-sided READ/WRITE into them over TCP; same-host peers map the DRAM segment.
+
+    node = StorageNode(NodeConfig(master="127.0.0.1:50051", dram_bytes=1 << 30))
+    node.start()          # segments, TransferServer, RegisterNode + MountSegment, heartbeats
+    node.stop()           # unmount, stop serving, unlink the segment files
+    run_node(config)      # blocking, for the CLI: serves until SIGTERM/SIGINT
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from types import FrameType
+
+import grpc
+
+from kvstore.master.server import grpc_options
+from kvstore.node.config import NodeConfig
+from kvstore.node.membership import Membership, MountSpec
+from kvstore.node.segments import LocalSegment, create_dram, create_ssd
+from kvstore.transfer.base import local_host_id
+from kvstore.transfer.tcp_server import ServerConfig, TransferServer
+from kvstore.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+def master_channel(master: str, credentials: object | None = None) -> grpc.Channel:
+    """A sync channel to the master: secure with `credentials`, else insecure."""
+    if credentials is not None:
+        return grpc.secure_channel(master, credentials, options=grpc_options())  # type: ignore[arg-type]
+    return grpc.insecure_channel(master, options=grpc_options())
+
+
+class StorageNode:
+    """Segments + TransferServer + Membership of one node id. Not restartable."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.segments: list[LocalSegment] = []
+        self.server = TransferServer(ServerConfig(host=config.listen_host, port=config.tcp_port))
+        self._channel: grpc.Channel | None = None
+        self.membership: Membership | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """ "host:port" of the TCP transfer endpoint once started."""
+        return self.server.endpoint
+
+    def start(self) -> None:
+        """Create and serve the segments, then join the pool (raises if the master refuses)."""
+        try:
+            self._create_segments()
+            self.server.start()
+            for seg in self.segments:
+                self.server.expose(seg.name, seg.buffer, shm=seg.shm)
+            self._join()
+        except BaseException:
+            self.stop(unmount=False)
+            raise
+
+    def _create_segments(self) -> None:
+        cfg = self.config
+        if cfg.dram_bytes:
+            self.segments.append(create_dram(cfg.node_id, cfg.dram_bytes))
+        if cfg.ssd_bytes and cfg.ssd_dir:
+            self.segments.append(create_ssd(cfg.node_id, cfg.ssd_dir, cfg.ssd_bytes))
+
+    def _join(self) -> None:
+        cfg = self.config
+        self._channel = master_channel(cfg.master, cfg.credentials)
+        endpoint = common_pb2.NodeEndpoint(tcp_address=self.endpoint, shm_host_id=local_host_id())
+        mounts = [MountSpec(s.name, s.tier, s.size) for s in self.segments]
+        self.membership = Membership(
+            self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
+            heartbeat_s=cfg.heartbeat_s, alignment=cfg.alignment,
+        )  # fmt: skip
+        self.membership.start()
+
+    def stop(self, unmount: bool = True) -> None:
+        """Leave the pool (unmount when asked and reachable), stop serving, free segments."""
+        if self.membership is not None:
+            self.membership.stop(unmount=unmount)
+        if self._channel is not None:
+            self._channel.close()
+        self.server.stop()
+        for seg in self.segments:
+            seg.close()
+
+    def __enter__(self) -> StorageNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_node(config: NodeConfig, ready: threading.Event | None = None) -> None:
+    """Run a node until SIGTERM or SIGINT (main thread only); prints one ready line."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    node = StorageNode(config)
+    try:
+        node.start()
+        names = ",".join(s.name for s in node.segments)
+        line = f"kvstore node {config.node_id} ready on {node.endpoint} segments {names}"
+        print(line, flush=True)
+        if ready is not None:
+            ready.set()
+        stop.wait()
+    finally:
+        node.stop()
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
