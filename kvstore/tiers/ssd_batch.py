@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvstore.errors import CorruptError, NotReadyError
+from kvstore.errors import BadRequestError, CorruptError, NotReadyError
 from kvstore.tiers.base import BytesLike
 from kvstore.types import ObjectKey
 
@@ -26,6 +26,9 @@ class BatchRunner:
         def one(item: tuple[ObjectKey, BytesLike]) -> Exception | None:
             try:
                 key, value = item
+            except (TypeError, ValueError):
+                return BadRequestError(f"batch item must be a (key, value) pair, got {item!r:.80}")
+            try:
                 put(key, value)
             except Exception as exc:
                 return exc

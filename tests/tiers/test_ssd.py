@@ -59,7 +59,7 @@ def mounted(fstype: str, options: str = "") -> Iterator[Path]:
     try:
         yield where
     finally:
-        subprocess.run(["umount", str(where)], check=True)
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
         where.rmdir()
 
 
@@ -284,9 +284,10 @@ def test_bad_inputs_give_typed_errors_and_keep_the_store(tier: SsdTier) -> None:
 def test_batches_return_a_result_per_key(tier: SsdTier) -> None:
     tier.put(K("pre"), b"pre")
     items = [(K(f"b{i}"), blob(MiB + i, i)) for i in range(6)]
-    results = tier.batch_put([*items, (K("zero"), b""), (K("pre"), b"dup")])
+    results = tier.batch_put([*items, (K("zero"), b""), (K("pre"), b"dup"), K("lonely")])
     assert results[:6] == [None] * 6
     assert isinstance(results[6], BadRequestError) and isinstance(results[7], ExistsError)
+    assert isinstance(results[8], BadRequestError)
     got = tier.batch_get([K("b3"), K("nope"), K("b5")])
     assert got == [items[3][1], None, items[5][1]]
     assert tier.batch_exists([K("b1"), K("zero"), K("pre")]) == [True, False, True]
