@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kvstore.compat import mooncake_admin
@@ -32,15 +32,36 @@ NOT_READY = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
 SOFT_PIN_TTL_MS = 30 * 60 * 1000  # Mooncake's default soft-pin TTL
 
 
-@dataclass(slots=True)
+@dataclass
 class ReplicateConfig:
-    """Mooncake's ReplicateConfig fields the facade honours (any object with them works)."""
+    """Mooncake's ReplicateConfig: a mutable record, as callers set fields one by one.
+
+    The facade honours `replica_num` and the pins; the other fields are accepted and
+    ignored (any object with these attributes works, Mooncake's own class included).
+    """
 
     replica_num: int = 1
     with_soft_pin: bool = False
     with_hard_pin: bool = False
     soft_pin_ttl_ms: int = 0
     preferred_segment: str = ""
+    preferred_segments: list[str] = field(default_factory=list)
+    prefer_alloc_in_same_node: bool = False
+    nof_replica_num: int = 0
+
+
+def _libc_address(name: str) -> int:
+    return int(ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value or 0)
+
+
+def get_alloc_func_addr() -> int:
+    """Address of a C `void *alloc(size_t)` for buffers (Mooncake: hugepage alloc; here malloc)."""
+    return _libc_address("malloc")
+
+
+def get_free_func_addr() -> int:
+    """Address of the C `void free(void *)` matching `get_alloc_func_addr`."""
+    return _libc_address("free")
 
 
 def view_at(address: int, size: int) -> memoryview:
@@ -190,6 +211,17 @@ class MooncakeDistributedStore:
         res = self._call(lambda c: c.put_from(key, view_at(buffer_ptr, size), **kw), put_code)
         return int(res or 0)
 
+    def put_batch(
+        self, keys: Sequence[str], values: Sequence[Any], config: object | None = None
+    ) -> int:
+        """Store many values; 0, or the first key's error code (one int, as Mooncake)."""
+        kw = _put_kwargs(config)
+        res = self._call(lambda c: c.batch_put(list(zip(keys, values, strict=True)), **kw),
+                         put_code)  # fmt: skip
+        if isinstance(res, list):
+            return next((put_code(e) for e in res if put_code(e) != 0), 0)
+        return int(res or 0)
+
     def batch_put_from(
         self,
         keys: Sequence[str],
@@ -215,6 +247,13 @@ class MooncakeDistributedStore:
         """The value, or b"" when absent or on any error (as Mooncake does)."""
         res = self._call(lambda c: c.get(key), code_of)
         return res if isinstance(res, bytes) else b""
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        """A value per key; b"" where absent or failed."""
+        res = self._call(lambda c: c.batch_get(list(keys)), code_of)
+        if not isinstance(res, list):
+            return [b""] * len(keys)
+        return [bytes(v) if v is not None else b"" for v in res]
 
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         """Bytes read into (buffer_ptr, size), or a negative code."""

@@ -49,6 +49,8 @@ def code_of(exc: BaseException | None) -> int:
     for cls, code in _BY_CLASS:
         if isinstance(exc, cls):
             return int(code)
+    if isinstance(exc, ValueError | TypeError):  # e.g. sequences of different lengths
+        return int(ErrorCode.INVALID_PARAMS)
     return int(ErrorCode.INTERNAL_ERROR)
 
 

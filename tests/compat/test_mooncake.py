@@ -50,6 +50,13 @@ def test_put_get_and_existing_key(store: MooncakeDistributedStore) -> None:
     assert store.get_hostname() == "127.0.0.1"
 
 
+def test_put_batch_get_batch(store: MooncakeDistributedStore) -> None:
+    assert store.put_batch(["p1", "p2"], [b"one", bytearray(b"two")]) == 0
+    assert store.put_batch(["p1", "p3"], [b"ONE", b"three"]) == 0  # p1 stays "one"
+    assert store.get_batch(["p1", "nope", "p2", "p3"]) == [b"one", b"", b"two", b"three"]
+    assert store.put_batch(["p4"], [b"a", b"b"]) == BAD
+
+
 def test_put_from_get_into_registered(store: MooncakeDistributedStore, buf: np.ndarray) -> None:
     p = buf.ctypes.data
     payload = np.arange(300_000, dtype=np.uint32).view(np.uint8)[: 1000_000 - 1]
