@@ -9,7 +9,8 @@
     ├── NoSpaceError         tier or pool full, nothing evictable; ENOSPC  (RESOURCE_EXHAUSTED)
     ├── CorruptError         checksum mismatch on read                     (DATA_LOSS)
     ├── TransferError        a peer vanished or a transfer failed          (UNAVAILABLE)
-    └── UnavailableError     a service (master, node) cannot be reached    (UNAVAILABLE)
+    ├── UnavailableError     a service (master, node) cannot be reached    (UNAVAILABLE)
+    └── IOFaultError         the OS or RocksDB failed an I/O (EIO, ...)    (INTERNAL)
 
 `None` means "absent / not now"; an exception means bad input or a fault.
 Each class names its gRPC status code as a string so that this module imports
@@ -64,6 +65,10 @@ class UnavailableError(KVStoreError):
     grpc_code = "UNAVAILABLE"
 
 
+class IOFaultError(KVStoreError):
+    grpc_code = "INTERNAL"
+
+
 ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     BadRequestError,
     TooLargeError,
@@ -74,4 +79,5 @@ ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     CorruptError,
     TransferError,
     UnavailableError,
+    IOFaultError,
 )

@@ -22,7 +22,7 @@ from concurrent.futures import Executor, Future
 
 import numpy as np
 
-from kvstore.errors import KVStoreError, NoSpaceError
+from kvstore.errors import IOFaultError, KVStoreError, NoSpaceError
 
 DIRECT = "direct"
 BUFFERED = "buffered"
@@ -33,10 +33,8 @@ IoOp = Callable[[int, Sequence[memoryview], int], int]
 Buffer = memoryview | None
 
 
-class SsdIOError(KVStoreError):
+class SsdIOError(IOFaultError):
     """The OS failed an I/O on the SSD tier (EIO and friends): a device fault."""
-
-    grpc_code = "INTERNAL"
 
 
 def map_os_error(exc: OSError, what: str) -> KVStoreError:

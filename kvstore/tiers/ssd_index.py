@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import xxhash
 from rocksdict import Options, Rdict, WriteOptions
 
-from kvstore.errors import KVStoreError, NoSpaceError
+from kvstore.errors import IOFaultError, KVStoreError, NoSpaceError
 
 _ENTRY = struct.Struct("<QQQQ")  # offset, length, checksum (xxh3_64), generation
 
@@ -49,10 +49,8 @@ class IndexEntry:
         return cls(*_ENTRY.unpack(raw))
 
 
-class SsdIndexError(KVStoreError):
+class SsdIndexError(IOFaultError):
     """RocksDB failed a read or write of the index."""
-
-    grpc_code = "INTERNAL"
 
 
 def _map_error(exc: Exception, what: str) -> KVStoreError:
