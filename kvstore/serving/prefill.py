@@ -177,7 +177,9 @@ class PrefillWorker:
             blocks.append(ids[len(hashes)])
             keys.append(tail_layer_key(tail_key, layer))
         if keys:
-            self.publisher.submit(keys, layer_snapshot(self.kv.layers[layer], blocks))
+            # one eviction group per chunk: its blocks' layers are evicted together
+            group = hashes[full[0]].hex() if full else tail_key
+            self.publisher.submit(keys, layer_snapshot(self.kv.layers[layer], blocks), group)
 
     def _abandon(self, tail_key: str) -> None:
         """A failed request: let queued writes finish (they read our blocks), drop the tail."""

@@ -112,6 +112,11 @@ class DecodeScheduler:
                 steps=self._steps,
             )
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job is queued or admitted (every block freed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._waiting and not self._active, timeout_s)
+
     def check_integrity(self) -> None:
         """Every used pool block belongs to exactly one admitted job."""
         with self._cond:
@@ -200,6 +205,7 @@ class DecodeScheduler:
             self._failed += 1
         else:
             self._done += 1
+        self._cond.notify_all()
 
     def _fail_all(self, error: KVStoreError) -> None:
         for job in [*self._waiting, *self._active]:

@@ -1,0 +1,1 @@
+"""Decode node: a gRPC DecodeService over `kvstore.serving.scheduler.DecodeScheduler`."""

@@ -1,0 +1,3 @@
+from decode_node.server import main
+
+main()

@@ -1,0 +1,141 @@
+"""A small synchronous client of the serving nodes (tests, benches, demos).
+
+    c = ServingClient(prefill="127.0.0.1:7001", decode="127.0.0.1:7002")
+    out = c.disaggregated(make_spec("r1", prompt, max_tokens=32))   # Prefill, then Decode
+    out = ServingClient(decode=colocated_addr).generate(spec)        # colocated baseline
+    out.tokens, out.prefill.timings, out.timings, out.token_times_s
+
+Failed RPCs raise the matching kvstore error (kvstore.rpc_errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvstore.errors import BadRequestError
+from kvstore.rpc_errors import raise_from_rpc_error
+from kvstore.serving.node import GRPC_OPTIONS
+from kvstore.v1 import serving_pb2 as pb
+from kvstore.v1 import serving_pb2_grpc
+
+
+def make_spec(
+    request_id: str,
+    prompt: Sequence[int] | str,
+    max_tokens: int,
+    *,
+    model_id: str = "tiny",
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_token_ids: Sequence[int] = (),
+) -> pb.GenerationSpec:
+    spec = pb.GenerationSpec(
+        request_id=request_id,
+        model_id=model_id,
+        max_tokens=max_tokens,
+        sampling=pb.SamplingOptions(temperature=temperature, top_p=1.0, seed=seed),
+        stop_token_ids=list(stop_token_ids),
+    )
+    if isinstance(prompt, str):
+        spec.prompt_text = prompt
+    else:
+        spec.prompt_token_ids.extend(prompt)
+    return spec
+
+
+@dataclass(slots=True)
+class Generation:
+    """A finished stream: new tokens, when each arrived, and the nodes' timings."""
+
+    tokens: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: int = pb.FINISH_REASON_NONE
+    timings: pb.DecodeTimings | None = None
+    prefill: pb.PrefillResponse | None = None
+
+
+class ServingClient:
+    """Stubs for a prefill node and/or a decode (or colocated) node."""
+
+    def __init__(self, prefill: str = "", decode: str = "", timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self._channels: list[grpc.Channel] = []
+        self._prefill = (
+            serving_pb2_grpc.PrefillServiceStub(self._channel(prefill)) if prefill else None
+        )
+        self._decode = serving_pb2_grpc.DecodeServiceStub(self._channel(decode)) if decode else None
+
+    def _channel(self, address: str) -> grpc.Channel:
+        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channels.append(channel)
+        return channel
+
+    def prefill(self, spec: pb.GenerationSpec) -> pb.PrefillResponse:
+        if self._prefill is None:
+            raise BadRequestError("no prefill node configured")
+        try:
+            return self._prefill.Prefill(pb.PrefillRequest(spec=spec), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise_from_rpc_error(err)
+
+    def decode_stream(self, spec: pb.GenerationSpec, pre: pb.PrefillResponse) -> grpc.Call:
+        """The raw Decode stream (iterate it; `.cancel()` it to stop early)."""
+        request = pb.DecodeRequest(spec=spec, first_token=pre.first_token, handoff=pre.handoff)
+        del request.spec.prompt_token_ids[:]
+        request.spec.prompt_text = ""
+        request.spec.prompt_token_ids.extend(pre.prompt_token_ids)
+        return self._decode_stub().Decode(request, timeout=self.timeout_s)
+
+    def generate_stream(self, spec: pb.GenerationSpec) -> grpc.Call:
+        return self._decode_stub().Generate(pb.GenerateRequest(spec=spec), timeout=self.timeout_s)
+
+    def decode(self, spec: pb.GenerationSpec, pre: pb.PrefillResponse) -> Generation:
+        out = collect(self.decode_stream(spec, pre))
+        out.prefill = pre
+        return out
+
+    def generate(self, spec: pb.GenerationSpec) -> Generation:
+        return collect(self.generate_stream(spec))
+
+    def disaggregated(self, spec: pb.GenerationSpec) -> Generation:
+        return self.decode(spec, self.prefill(spec))
+
+    def prefill_stats(self) -> pb.ServingStatsResponse:
+        assert self._prefill is not None
+        return self._prefill.Stats(pb.ServingStatsRequest(), timeout=self.timeout_s)
+
+    def decode_stats(self) -> pb.ServingStatsResponse:
+        return self._decode_stub().Stats(pb.ServingStatsRequest(), timeout=self.timeout_s)
+
+    def _decode_stub(self) -> serving_pb2_grpc.DecodeServiceStub:
+        if self._decode is None:
+            raise BadRequestError("no decode node configured")
+        return self._decode
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self) -> ServingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def collect(stream: Iterator[pb.TokenChunk]) -> Generation:
+    """Read a token stream to its end."""
+    out = Generation()
+    try:
+        for chunk in stream:
+            if chunk.HasField("timings"):
+                out.timings = chunk.timings
+            out.tokens.extend(chunk.token_ids)
+            out.token_times_s.extend(chunk.token_times_s)
+            out.finish_reason = chunk.finish_reason
+    except grpc.RpcError as err:
+        raise_from_rpc_error(err)
+    return out

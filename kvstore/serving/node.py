@@ -1,0 +1,131 @@
+"""What prefill and decode node processes share: command line, store, gRPC server.
+
+    python -m prefill_node --master 127.0.0.1:50051 --listen 127.0.0.1:0 --model tiny
+    python -m decode_node  --master 127.0.0.1:50051 --listen 127.0.0.1:0 --model tiny
+    python -m decode_node  --colocated --listen 127.0.0.1:0 --model tiny
+
+A node prints one line `<role> node listening on <host:port>` once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.rpc_errors import status_for
+from kvstore.serving.config import ProcessConfig, ServingConfig, parse_cpus
+from kvstore.serving.store import BlockStore, LocalBlockStore, PoolBlockStore
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--listen", default="127.0.0.1:0", help="host:port (port 0 picks a free one)")
+    add("--model", default="tiny", help="model id: tiny | small")
+    add("--seed", type=int, default=0, help="weight seed (all nodes must agree)")
+    add("--master", default="", help="master host:port of the KV pool")
+    add("--transport", default="auto", help="pool data plane: auto | shm | tcp | nixl")
+    add("--segment-bytes", type=int, default=0, help="DRAM segment this node adds to the pool")
+    add("--local-store-bytes", type=int, default=0, help="in-process DRAM store (no master)")
+    add("--num-blocks", type=int, default=512, help="KV blocks of the node's pool")
+    add("--block-tokens", type=int, default=16)
+    add("--chunk-tokens", type=int, default=512, help="prefill chunk size")
+    add("--batched", action="store_true", help="batched projections (not bit-exact)")
+    add("--device", default="auto")
+    add("--node-id", default="")
+    add("--cpus", default="", help="pin the process to these cores, e.g. 0,2-3")
+    add("--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)")
+
+
+def serving_config(args: argparse.Namespace, role: str, **extra: Any) -> ServingConfig:
+    return ServingConfig(
+        model_id=args.model,
+        role=role,
+        seed=args.seed,
+        block_tokens=args.block_tokens,
+        num_blocks=args.num_blocks,
+        chunk_tokens=args.chunk_tokens,
+        batch_invariant=not args.batched,
+        device=args.device,
+        node_id=args.node_id or f"{role}-{uuid.uuid4().hex[:8]}",
+        **extra,
+    )
+
+
+def process_config(args: argparse.Namespace) -> ProcessConfig:
+    return ProcessConfig(cpus=parse_cpus(args.cpus), torch_threads=args.torch_threads)
+
+
+def open_store(args: argparse.Namespace) -> BlockStore | None:
+    """The pool client when --master is given, else a local store, else None."""
+    if args.master:
+        return PoolBlockStore.connect(
+            args.master, transport=args.transport, segment_bytes=args.segment_bytes
+        )
+    if args.local_store_bytes:
+        from kvstore.tiers.dram import DramTier
+        from kvstore.tiers.dram_parts import DramConfig
+        from kvstore.tiers.tiered import TieredStore
+
+        tier = DramTier(DramConfig(capacity_bytes=args.local_store_bytes))
+        return LocalBlockStore(TieredStore([tier]))
+    return None
+
+
+@dataclass(slots=True)
+class NodeServer:
+    """A started gRPC server and its address."""
+
+    server: grpc.aio.Server
+    address: str
+
+
+async def start_server(
+    listen: str, add_servicers: Callable[[grpc.aio.Server], None], service_names: list[str]
+) -> NodeServer:
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    add_servicers(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise BadRequestError(f"cannot listen on {listen!r}")
+    await server.start()
+    for name in ["", *service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return NodeServer(server, f"{listen.rsplit(':', 1)[0]}:{port}")
+
+
+def run_node(main: Callable[[], Any]) -> None:
+    """Run an async main until interrupted."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+def translate_stream(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    """Decorate a server-streaming aio method: a KVStoreError aborts with its status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except KVStoreError as exc:
+            await context.abort(status_for(exc), str(exc))
+
+    return wrapper

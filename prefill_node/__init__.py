@@ -1,0 +1,1 @@
+"""Prefill node: a gRPC PrefillService over `kvstore.serving.prefill.PrefillWorker`."""

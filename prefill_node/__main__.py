@@ -1,0 +1,3 @@
+from prefill_node.server import main
+
+main()

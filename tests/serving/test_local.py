@@ -1,0 +1,208 @@
+"""Prefill worker + decode scheduler in one process over a local tiered store
+(DRAM or SSD tier): token identity, prefix hits, missing blocks, cancellation,
+continuous batching and admission by free KV blocks. No gRPC here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvstore.errors import BadRequestError, NoSpaceError, NotFoundError, TooLargeError
+from kvstore.model import Engine
+from kvstore.serving.config import ServingConfig, build_engine
+from kvstore.serving.jobs import DecodeJob
+from kvstore.serving.kv_io import layer_key, tail_layer_key
+from kvstore.serving.prefill import PrefillWorker
+from kvstore.serving.request import Request
+from kvstore.serving.scheduler import DecodeScheduler
+from kvstore.serving.store import LocalBlockStore
+from kvstore.tiers.dram import DramTier
+from kvstore.tiers.dram_parts import DramConfig
+from kvstore.tiers.ssd import SsdTier
+from kvstore.tiers.ssd_handles import SsdConfig
+from kvstore.tiers.tiered import TieredConfig, TieredStore
+from kvstore.types import Tier
+from tests.serving.helpers import Collected, submit
+
+CONFIG = ServingConfig(num_blocks=48, chunk_tokens=32)
+PROMPT_A = tuple((7 * i + 3) % 256 for i in range(100))  # 6 full blocks + 4-token tail
+PROMPT_B = PROMPT_A[:80] + tuple((5 * i + 1) % 256 for i in range(10))  # shares 5 blocks
+LAYER_BYTES = 2 * 16 * 2 * 32 * 4  # one (block, layer) object of the tiny model
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return build_engine(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Engine) -> dict[tuple[int, ...], list[int]]:
+    """Colocated single-sequence generation: the tokens every path must reproduce."""
+    return {p: engine.generate(list(p), 6) for p in (PROMPT_A, PROMPT_B)}
+
+
+def make_store(kind: Tier, tmp_path: Path) -> LocalBlockStore:
+    if kind is Tier.DRAM:
+        return LocalBlockStore(TieredStore([DramTier(DramConfig(capacity_bytes=8 << 20))]))
+    ssd = SsdTier(SsdConfig(directory=str(tmp_path / "ssd"), capacity_bytes=8 << 20))
+    return LocalBlockStore(TieredStore([ssd], TieredConfig(write_tier=Tier.SSD)))
+
+
+@pytest.fixture(params=[Tier.DRAM, Tier.SSD], ids=["dram", "ssd"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalBlockStore]:
+    s = make_store(request.param, tmp_path)
+    yield s
+    s.store.check_integrity()
+    s.close()
+
+
+@pytest.fixture
+def nodes(
+    engine: Engine, store: LocalBlockStore
+) -> Iterator[tuple[PrefillWorker, DecodeScheduler]]:
+    prefill, decode = PrefillWorker(CONFIG, engine, store), DecodeScheduler(CONFIG, engine, store)
+    yield prefill, decode
+    assert decode.wait_idle(10.0)
+    decode.check_integrity()
+    assert decode.stats().free_blocks == CONFIG.num_blocks
+    decode.stop()
+    prefill.close()
+
+
+def test_colocated_disaggregated_and_cached_prefix_agree(
+    nodes: tuple[PrefillWorker, DecodeScheduler], store: LocalBlockStore, reference: dict
+) -> None:
+    prefill, decode = nodes
+    a = Request("a", PROMPT_A, 6)
+    assert submit(decode, a)[1].wait().tokens == reference[PROMPT_A]  # colocated
+    pre = prefill.prefill(a)
+    assert (pre.cached_tokens, pre.handoff.tail_tokens, len(pre.handoff.block_hashes)) == (0, 4, 6)
+    assert pre.timings.published_bytes == 7 * 4 * LAYER_BYTES  # 6 blocks + tail, 4 layers
+    out = submit(decode, a, pre)[1].wait()
+    assert out.tokens == reference[PROMPT_A]
+    assert out.timings.pulled_bytes == 7 * 4 * LAYER_BYTES and not out.timings.recomputed
+    tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
+    assert decode.wait_idle(5.0) and store.batch_exists(tails) == [False] * 4
+    b = Request("b", PROMPT_B, 6)
+    pre_b = prefill.prefill(b)  # 5 shared blocks come from the store
+    assert pre_b.cached_tokens == 80 and pre_b.timings.published_bytes == 4 * LAYER_BYTES
+    assert submit(decode, b, pre_b)[1].wait().tokens == reference[PROMPT_B]
+
+
+def test_whole_prompt_cached_still_computes_last_block(
+    nodes: tuple[PrefillWorker, DecodeScheduler], engine: Engine
+) -> None:
+    prefill, decode = nodes
+    prompt = PROMPT_A[:96]  # exactly 6 blocks, no tail
+    first = prefill.prefill(Request("x", prompt, 4))
+    again = prefill.prefill(Request("y", prompt, 4))
+    assert (first.cached_tokens, again.cached_tokens) == (0, 80)
+    assert again.handoff.tail_key == "" and again.first_token == first.first_token
+    out = submit(decode, Request("y", prompt, 4), again)[1].wait()
+    assert out.tokens == engine.generate(list(prompt), 4)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_missing_blocks_recompute_or_fail(
+    engine: Engine, tmp_path: Path, reference: dict, policy: str
+) -> None:
+    store = make_store(Tier.DRAM, tmp_path)
+    prefill = PrefillWorker(CONFIG, engine, store)
+    decode = DecodeScheduler(replace(CONFIG, on_missing=policy), engine, store)
+    try:
+        pre = prefill.prefill(Request("a", PROMPT_A, 6))
+        assert store.remove(layer_key(pre.handoff.block_hashes[3], 2))  # "evicted"
+        out = submit(decode, Request("a", PROMPT_A, 6), pre)[1].wait()
+        if policy == "recompute":
+            assert out.tokens == reference[PROMPT_A] and out.timings.recomputed
+        else:
+            assert out.tokens == [] and isinstance(out.events[-1].error, NotFoundError)
+            assert "unavailable" in str(out.events[-1].error)
+        assert decode.wait_idle(5.0) and decode.stats().free_blocks == CONFIG.num_blocks
+        tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
+        assert store.batch_exists(tails) == [False] * 4  # dropped on either path
+        decode.check_integrity()
+    finally:
+        decode.stop()
+        prefill.close()
+        store.close()
+
+
+def test_cancel_frees_blocks_and_tail(
+    nodes: tuple[PrefillWorker, DecodeScheduler], store: LocalBlockStore
+) -> None:
+    prefill, decode = nodes
+    long = Request("long", PROMPT_A, 400)
+    job, out = submit(decode, long)
+    decode.cancel(job)
+    assert decode.wait_idle(10.0) and len(out.tokens) < 400
+    pre = prefill.prefill(long)
+    job, out = submit(decode, long, pre)
+    decode.cancel(job)
+    assert decode.wait_idle(10.0) and len(out.tokens) < 400
+    tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
+    assert store.batch_exists(tails) == [False] * 4
+    assert decode.stats().failed == 2
+
+
+def test_sequences_join_and_leave_the_batch(engine: Engine) -> None:
+    decode = DecodeScheduler(CONFIG, engine, None)
+    try:
+        prompts = [PROMPT_A[:40], PROMPT_B[:33], PROMPT_A[50:70]]
+        lengths = [3, 9, 6]
+        outs = [submit(decode, Request(f"r{i}", p, n))[1] for i, (p, n) in
+                enumerate(zip(prompts, lengths, strict=True))]  # fmt: skip
+        for p, n, out in zip(prompts, lengths, outs, strict=True):
+            assert out.wait().tokens == engine.generate(list(p), n)
+        assert decode.wait_idle(5.0)
+        assert decode.stats().steps < sum(n - 1 for n in lengths)  # steps were shared
+        decode.check_integrity()
+    finally:
+        decode.stop()
+
+
+def test_admission_waits_for_free_blocks(engine: Engine) -> None:
+    decode = DecodeScheduler(replace(CONFIG, num_blocks=12), engine, None)
+    order: list[str] = []
+    try:
+        a, b = Collected(), Collected()
+        req_a, req_b = Request("a", PROMPT_A, 60), Request("b", PROMPT_B, 10)  # 10 and 7 blocks
+
+        def tag(name: str, out: Collected):  # type: ignore[no-untyped-def]
+            return lambda e: (order.append(name), out.sink(e))
+
+        decode.submit(DecodeJob(req_a, tag("a", a)))
+        decode.submit(DecodeJob(req_b, tag("b", b)))
+        a.wait(), b.wait()
+        assert order == ["a"] * 60 + ["b"] * 10  # b starts only after a freed its blocks
+        assert b.timings.queue_s >= a.events[-1].time_s - a.events[0].time_s
+        with pytest.raises(NoSpaceError):
+            decode.submit(DecodeJob(Request("c", PROMPT_A, 200), b.sink))  # 19 blocks > 12
+        decode.check_integrity()
+    finally:
+        decode.stop()
+
+
+def test_bad_requests(engine: Engine) -> None:
+    decode = DecodeScheduler(CONFIG, engine, None)
+    prefill = PrefillWorker(CONFIG, engine, make_store(Tier.DRAM, Path("/nonexistent")))
+    try:
+        with pytest.raises(BadRequestError, match="empty prompt"):
+            Request("e", (), 4)
+        with pytest.raises(BadRequestError, match="max_tokens"):
+            Request("e", (1,), 0)
+        too_long = Request("t", (1,) * 2048, 1)
+        with pytest.raises(TooLargeError, match="context"):
+            prefill.prefill(too_long)
+        with pytest.raises(TooLargeError, match="context"):
+            submit(decode, Request("t", (1,) * 2000, 49))
+        with pytest.raises(BadRequestError, match="vocab"):
+            prefill.prefill(Request("v", (1, 999), 1))
+        with pytest.raises(NotFoundError, match="unknown model id"):
+            CONFIG.check_model("llama-70b")
+    finally:
+        decode.stop()
+        prefill.close()
