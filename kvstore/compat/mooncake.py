@@ -23,8 +23,13 @@ from typing import Any, TypeVar
 
 from kvstore.compat import mooncake_admin
 from kvstore.compat.mooncake_codes import ErrorCode, code_of, put_code, remove_code
+from kvstore.compat.mooncake_pool import BufferLease, BufferPool
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
 
+__all__ = [
+    "BufferLease", "BufferPool", "ErrorCode", "MooncakeDistributedStore", "ReplicateConfig",
+    "get_alloc_func_addr", "get_free_func_addr",
+]  # fmt: skip
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MiB = 1 << 20

@@ -1,0 +1,237 @@
+"""Mooncake's own store benchmark, run against Mooncake Store and kvstore side by side.
+
+`store_kv_bench.py` (mooncake-store/benchmarks in the Mooncake repository; fetch it,
+it is not part of kvstore) imports its store from $MOONCAKE_STORE_MODULE. This
+script runs it once per store and object size, with the same arguments:
+`read_perf` with the zero-copy API (put_from / get_into from a registered buffer):
+a write phase of N fresh objects, then a read phase of them. Stores:
+
+    mooncake        mooncake.store + mooncake_master, protocol tcp (when installed)
+    kvstore         kvstore.compat.mooncake + `kvstore master`, transport auto (shm here)
+    kvstore-tcp     the same with KVSTORE_TRANSPORT=tcp
+
+`--placement own` (the harness default): the benchmark client lends the only
+segment; `remote`: another process lends it (a `kvstore node`, or a Mooncake
+client holding a segment) and the benchmark client lends none. Every Mooncake
+process binds 127.0.0.1 (MC_TCP_BIND_ADDRESS). Ratios are kvstore / mooncake.
+
+    python bench/mooncake_side_by_side.py --harness /tmp/store_kv_bench.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    store: str
+    size: int
+    objects: int
+    write_mib_s: float
+    read_mib_s: float
+    ok: bool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = dict(os.environ, PYTHONPATH=str(REPO), MC_TCP_BIND_ADDRESS="127.0.0.1")
+    out.update(extra)
+    return out
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)  # polling another process's listener
+    raise RuntimeError(f"nothing listens on {port} after {START_TIMEOUT_S} s")
+
+
+def wait_line(proc: subprocess.Popen[bytes], prefix: bytes) -> None:
+    """Block until `proc` prints a line starting with `prefix` (it prints nothing else first)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return
+    raise RuntimeError(f"process exited ({proc.wait()}) before printing {prefix!r}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextlib.contextmanager
+def mooncake_pool(segment: int, remote: bool, log: Path) -> Iterator[str]:
+    """mooncake_master on 127.0.0.1 (and a segment-holding client when `remote`)."""
+    port = free_port()
+    cmd = [
+        shutil.which("mooncake_master") or "mooncake_master", "-rpc_address=127.0.0.1",
+        f"-rpc_port={port}", "-metrics_host=127.0.0.1", f"-metrics_port={free_port()}",
+    ]  # fmt: skip
+    with open(log, "ab") as out:
+        master = subprocess.Popen(cmd, stdout=out, stderr=out, env=env())
+    procs = [master]
+    try:
+        wait_port(port, master)
+        if remote:
+            code = (
+                "import sys\nfrom mooncake.store import MooncakeDistributedStore as S\n"
+                f"s = S(); rc = s.setup('127.0.0.1', 'P2PHANDSHAKE', {segment}, {16 * MiB}, "
+                f"'tcp', '', '127.0.0.1:{port}')\n"
+                "print('holder', rc, flush=True); sys.stdin.read(); s.close()\n"
+            )
+            holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env=env())  # fmt: skip
+            procs.append(holder)
+            wait_line(holder, b"holder 0")
+        yield f"127.0.0.1:{port}"
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+@contextlib.contextmanager
+def kvstore_pool(segment: int, remote: bool, log: Path) -> Iterator[str]:
+    """`kvstore master` (and a `kvstore node` lending `segment` bytes when `remote`)."""
+    kv = [sys.executable, "-m", "cli.main"]
+    master_cmd = [*kv, "master", "--listen", "127.0.0.1:0"]
+    master = subprocess.Popen(
+        master_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env()
+    )
+    procs = [master]
+    try:
+        assert master.stdout is not None
+        address = master.stdout.readline().split()[4].decode()
+        if remote:
+            node_cmd = [*kv, "node", "--master", address, "--dram-mib", str(segment / MiB)]
+            with open(log, "ab") as out:
+                node = subprocess.Popen(node_cmd, stdout=subprocess.PIPE, stderr=out, env=env())
+            procs.append(node)
+            wait_line(node, b"kvstore node ")
+        yield address
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def run_harness(
+    harness: Path, module: str, master: str, size: int, objects: int, own_segment: int,
+    extra_env: dict[str, str], workdir: Path,
+) -> tuple[float, float, bool]:  # fmt: skip
+    """One read_perf run; (write MiB/s, read MiB/s, ok) from its summary JSON."""
+    summary = workdir / f"summary-{uuid.uuid4().hex[:8]}.json"
+    args = [
+        sys.executable, str(harness), "--scenario", "read_perf", "--io-api", "zcopy",
+        "--master-server", master, "--metadata-server", "P2PHANDSHAKE",
+        "--local-hostname", "127.0.0.1", "--protocol", "tcp",
+        "--global-segment-size", str(own_segment), "--local-buffer-size", str(size + MiB),
+        "--value-size", str(size), "--nr-objects", str(objects),
+        "--key-prefix", f"sbs{uuid.uuid4().hex[:6]}", "--key-size", "32",
+        "--summary-json", str(summary), "--log-level", "WARNING",
+    ]  # fmt: skip
+    run_env = env(MOONCAKE_STORE_MODULE=module, **extra_env)
+    with open(workdir / "harness.log", "ab") as log:
+        subprocess.run(args, stdout=log, stderr=log, env=run_env, timeout=600, check=False)
+    if not summary.exists():
+        return 0.0, 0.0, False
+    phases = json.loads(summary.read_text())
+    p = phases["phases"]
+    return p["prepare_write"]["MiB_per_sec"], p["read_perf"]["MiB_per_sec"], bool(phases["ok"])
+
+
+def stores() -> list[tuple[str, str, dict[str, str]]]:
+    """(label, store module, extra env) of every store that can run here."""
+    out = []
+    with contextlib.suppress(ImportError):
+        import mooncake.store  # noqa: F401
+
+        if shutil.which("mooncake_master"):
+            out.append(("mooncake", "mooncake.store", {}))
+    out.append(("kvstore", "kvstore.compat.mooncake", {"KVSTORE_TRANSPORT": "auto"}))
+    out.append(("kvstore-tcp", "kvstore.compat.mooncake", {"KVSTORE_TRANSPORT": "tcp"}))
+    return out
+
+
+def bench(harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path) -> list[Row]:
+    rows = []
+    for label, module, extra in stores():
+        pool = mooncake_pool if label == "mooncake" else kvstore_pool
+        for size in sizes:
+            segment = size * objects + 64 * MiB
+            with pool(segment, remote, workdir / f"{label}.log") as master:
+                own = 0 if remote else segment
+                w, r, ok = run_harness(harness, module, master, size, objects, own, extra, workdir)
+            rows.append(Row(label, size, objects, w, r, ok))
+    return rows
+
+
+def print_table(rows: list[Row], placement: str) -> None:
+    base = {(r.size, "w"): r.write_mib_s for r in rows if r.store == "mooncake"}
+    base |= {(r.size, "r"): r.read_mib_s for r in rows if r.store == "mooncake"}
+    print(f"store_kv_bench read_perf, zero-copy API, segment placement: {placement}")
+    print(f"{'size':>7} {'store':<12} {'write MiB/s':>12} {'x mc':>6} {'read MiB/s':>11} "
+          f"{'x mc':>6}  ok")  # fmt: skip
+    for r in rows:
+        wx = r.write_mib_s / base[(r.size, "w")] if base.get((r.size, "w")) else 0.0
+        rx = r.read_mib_s / base[(r.size, "r")] if base.get((r.size, "r")) else 0.0
+        print(f"{r.size // MiB:>5}Mi {r.store:<12} {r.write_mib_s:>12.0f} {wx:>6.2f} "
+              f"{r.read_mib_s:>11.0f} {rx:>6.2f}  {r.ok}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--harness", type=Path, required=True, help="path of store_kv_bench.py")
+    parser.add_argument("--placement", choices=["own", "remote"], default="own")
+    parser.add_argument("--objects", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="16 objects per size")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if not args.harness.is_file():
+        parser.error(f"no harness at {args.harness}")
+    objects = 16 if args.quick else args.objects
+    with tempfile.TemporaryDirectory(prefix="kvs-sbs-") as tmp:
+        rows = bench(args.harness, [MiB, 16 * MiB], objects, args.placement == "remote", Path(tmp))
+    if args.json:
+        doc = {"bench": "mooncake_side_by_side", "placement": args.placement,
+               "rows": [asdict(r) for r in rows]}  # fmt: skip
+        print(json.dumps(doc))
+    else:
+        print_table(rows, args.placement)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
