@@ -198,6 +198,16 @@ class Cluster:
             stub = master_pb2_grpc.MasterStub(channel)
             return stub.Stats(master_pb2.StatsRequest(), timeout=timeout_s)
 
+    def holders(self, key: str) -> list[str]:
+        """Node ids of `key`'s replicas, in the master's order ([] when absent)."""
+        with grpc.insecure_channel(self.address, options=grpc_options()) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            page = stub.ListObjects(master_pb2.ListObjectsRequest(prefix=key), timeout=5.0)
+        return [r.node_id for o in page.objects if o.key == key for r in o.replicas]
+
+    def node_index(self, node_id: str) -> int:
+        return [n.node_id for n in self.node_procs].index(node_id)
+
     def wait_stats(
         self,
         predicate: Callable[[master_pb2.StatsResponse], bool],

@@ -11,7 +11,7 @@ import pytest
 from kvstore.client import Client
 from tests.cluster import cluster_fixture
 
-cluster = cluster_fixture(nodes=2, dram_bytes=8 << 20, ssd_bytes=4 << 20)
+cluster = cluster_fixture(scope="package", nodes=2, dram_bytes=8 << 20, ssd_bytes=4 << 20)
 
 
 @pytest.fixture
