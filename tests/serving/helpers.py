@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 from kvstore.serving.jobs import DecodeJob, DecodeTimings, JobEvent
@@ -48,3 +53,42 @@ def submit(
         job = DecodeJob(req, out.sink, first_token=pre.first_token, handoff=pre.handoff)
     sched.submit(job)
     return job, out
+
+
+class NodeProcess:
+    """A serving node in its own process; `address` once it printed its listen line."""
+
+    def __init__(self, module: str, *args: str, timeout_s: float = 60.0) -> None:
+        cmd = [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--torch-threads", "1"]
+        self.proc = subprocess.Popen(
+            [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.address = self._await_address(timeout_s)
+
+    def _await_address(self, timeout_s: float) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            line = self.proc.stdout.readline()
+            if not line:  # exited
+                break
+            seen.append(line)
+            if " listening on " in line:
+                return line.rsplit(" ", 1)[1].strip()
+        self.stop()
+        raise AssertionError(f"node did not start: {''.join(seen)[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5.0)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

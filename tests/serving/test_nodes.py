@@ -1,0 +1,107 @@
+"""Node processes over gRPC without a pool: the colocated baseline, request errors
+as status codes, cancelled streams, Stats and health."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvstore.errors import BadRequestError, NotFoundError
+from kvstore.serving.client import ServingClient, make_spec
+from kvstore.serving.config import ServingConfig, build_engine
+from kvstore.v1 import serving_pb2 as pb
+from tests.serving.helpers import NodeProcess
+
+PROMPT = [(7 * i + 3) % 256 for i in range(100)]
+
+
+@pytest.fixture(scope="module")
+def colocated() -> Iterator[NodeProcess]:
+    node = NodeProcess("decode_node", "--colocated", "--num-blocks", "64", "--chunk-tokens", "32")
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def decode_only() -> Iterator[NodeProcess]:
+    node = NodeProcess("decode_node", "--local-prefill-tokens", "32", "--num-blocks", "64")
+    yield node
+    node.stop()
+
+
+def test_colocated_matches_the_reference_engine(colocated: NodeProcess) -> None:
+    expected = build_engine(ServingConfig()).generate(PROMPT, 8)
+    with ServingClient(decode=colocated.address) as client:
+        out = client.generate(make_spec("a", PROMPT, 8))
+        text = client.generate(make_spec("t", "hello", 3))
+        stats = client.decode_stats()
+    assert out.tokens == expected and out.finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(out.token_times_s) == 8 and out.token_times_s == sorted(out.token_times_s)
+    assert out.timings is not None and out.timings.prefill_s > 0
+    assert out.timings.ttft_s == pytest.approx(out.token_times_s[0], abs=1e-3)
+    assert text.tokens == build_engine(ServingConfig()).generate([256, *b"hello"], 3)
+    assert (stats.role, stats.model_id, stats.free_blocks, stats.total_blocks) == (
+        "colocated", "tiny", 64, 64)  # fmt: skip
+
+
+def test_stop_token_ends_the_stream(colocated: NodeProcess) -> None:
+    expected = build_engine(ServingConfig()).generate(PROMPT, 8)
+    with ServingClient(decode=colocated.address) as client:
+        out = client.generate(make_spec("s", PROMPT, 8, stop_token_ids=[expected[3]]))
+    first_stop = expected.index(expected[3])
+    assert out.tokens == expected[: first_stop + 1]
+    assert out.finish_reason == pb.FINISH_REASON_STOP
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "match"),
+    [
+        (make_spec("m", PROMPT, 4, model_id="llama-70b"), NotFoundError, "unknown model id"),
+        (make_spec("e", [], 4), BadRequestError, "empty prompt"),
+        (make_spec("l", [1] * 2048, 4), BadRequestError, "context"),
+        (make_spec("z", PROMPT, 0), BadRequestError, "max_tokens"),
+    ],
+)
+def test_bad_requests_get_clear_status(
+    colocated: NodeProcess, spec: pb.GenerationSpec, error: type, match: str
+) -> None:
+    with ServingClient(decode=colocated.address) as client, pytest.raises(error, match=match):
+        client.generate(spec)
+
+
+def test_decode_node_prefills_only_short_prompts(decode_only: NodeProcess) -> None:
+    with ServingClient(decode=decode_only.address) as client:
+        short = client.generate(make_spec("s", PROMPT[:32], 3))
+        with pytest.raises(BadRequestError, match="local-prefill limit of 32"):
+            client.generate(make_spec("l", PROMPT[:33], 3))
+    assert short.tokens == build_engine(ServingConfig()).generate(PROMPT[:32], 3)
+
+
+def test_cancelled_stream_frees_its_blocks(colocated: NodeProcess) -> None:
+    with ServingClient(decode=colocated.address) as client:
+        stream = client.generate_stream(make_spec("c", PROMPT, 900))
+        first = next(stream)
+        assert first.index == 0
+        stream.cancel()
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+        assert info.value.code() == grpc.StatusCode.CANCELLED
+        freed = threading.Event()
+        for _ in range(200):  # bounded: the node frees the blocks at its next iteration
+            stats = client.decode_stats()
+            if stats.free_blocks == stats.total_blocks and stats.running == 0:
+                freed.set()
+                break
+            freed.wait(0.05)
+        assert freed.is_set(), f"blocks not freed: {stats}"
+
+
+def test_health_reports_serving(colocated: NodeProcess) -> None:
+    with grpc.insecure_channel(colocated.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service="kvstore.v1.DecodeService"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
