@@ -1,4 +1,5 @@
-"""An in-memory `PrefixIndex`: which blocks each node holds, in which tier."""
+"""Prefix indexes: in-memory (`DictPrefixIndex`, `PooledDictIndex`) and over one master
+MatchPrefix answer (`MatchAnswerIndex`, what the gRPC conductor uses)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvstore.conductor.api import BlockId, PrefixMatch
+from kvstore.errors import BadRequestError
 from kvstore.types import Tier
 
 
@@ -67,4 +69,66 @@ class PooledDictIndex(DictPrefixIndex):
             if not copies:
                 break
             remote[min(copies)] = remote.get(min(copies), 0) + 1
+        return Split(local, remote)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """`length` leading blocks of one request's chain have a copy on `node_id` in `tier`."""
+
+    node_id: str
+    tier: Tier
+    length: int
+
+
+class MatchAnswerIndex:
+    """A `PooledPrefixIndex` over one master MatchPrefix answer for one request.
+
+    The master reports, per (storage node, tier), how many leading blocks have a
+    complete copy there, and how many leading blocks the pool holds at all
+    (`pool_length`; a chain may be spread over nodes). Each block counts in the
+    fastest tier holding it; a block only the pool as a whole covers counts as
+    `spread_tier`. The answer is for one chain: `match`/`prefix` ignore `hashes`.
+    """
+
+    def __init__(self, runs: Sequence[Run], pool_length: int, spread_tier: Tier = Tier.DRAM):
+        if pool_length < 0 or any(r.length < 0 for r in runs):
+            raise BadRequestError("prefix lengths must be >= 0")
+        self.runs = tuple(r for r in runs if r.length > 0)
+        self.pool_length = max([pool_length, *(r.length for r in self.runs)])
+        self.spread_tier = spread_tier
+
+    def _fastest(self, block: int, node_id: str | None, mine: bool) -> Tier | None:
+        tiers = [
+            r.tier
+            for r in self.runs
+            if r.length > block and (node_id is None or (r.node_id == node_id) == mine)
+        ]
+        return min(tiers) if tiers else None
+
+    def match(self, hashes: Sequence[BlockId]) -> dict[str, PrefixMatch]:
+        """Per storage node: its longest run of leading blocks, each in its fastest tier there."""
+        out: dict[str, PrefixMatch] = {}
+        for node_id in sorted({r.node_id for r in self.runs}):
+            tiers: dict[Tier, int] = {}
+            length = max(r.length for r in self.runs if r.node_id == node_id)
+            for block in range(length):
+                tier = self._fastest(block, node_id, True)
+                assert tier is not None
+                tiers[tier] = tiers.get(tier, 0) + 1
+            out[node_id] = PrefixMatch(length, tiers)
+        return out
+
+    def prefix(self, node_id: str, hashes: Sequence[BlockId]) -> Split:
+        """The pool's prefix as seen from `node_id`: blocks it holds itself are local."""
+        local: dict[Tier, int] = {}
+        remote: dict[Tier, int] = {}
+        for block in range(self.pool_length):
+            tier = self._fastest(block, node_id, True)
+            if tier is not None:
+                local[tier] = local.get(tier, 0) + 1
+                continue
+            tier = self._fastest(block, node_id, False)
+            tier = self.spread_tier if tier is None else tier
+            remote[tier] = remote.get(tier, 0) + 1
         return Split(local, remote)

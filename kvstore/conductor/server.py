@@ -1,0 +1,189 @@
+"""The conductor's gRPC plumbing: channels to the serving nodes and the master, the
+node directory (refreshed from each node's Stats), and starting the server.
+
+    python -m kvstore.conductor --listen 127.0.0.1:0 --master 127.0.0.1:50051 \
+        --prefill 127.0.0.1:7001 --decode 127.0.0.1:7002 --policy cache_load
+
+The servicer itself (placement and token relay) is in `service.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvstore.conductor.api import Role
+from kvstore.conductor.ledger import NodeInfo
+from kvstore.conductor.service import GRPC_OPTIONS, ConductorServicer, rpc_error
+from kvstore.conductor.service_config import ConductorConfig
+from kvstore.errors import (
+    BadRequestError,
+    KVStoreError,
+    NotFoundError,
+    NotReadyError,
+    UnavailableError,
+)
+from kvstore.v1 import conductor_pb2_grpc, master_pb2_grpc, serving_pb2, serving_pb2_grpc
+
+SERVICE_NAME = "kvstore.v1.Conductor"
+ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE, "colocated": Role.COLOCATED}
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One serving node: its stubs, what its Stats said last, and whether that worked."""
+
+    address: str
+    channel: grpc.aio.Channel
+    prefill: serving_pb2_grpc.PrefillServiceStub | None
+    decode: serving_pb2_grpc.DecodeServiceStub | None
+    info: NodeInfo | None = None
+    stats: serving_pb2.ServingStatsResponse | None = None
+    error: str = "not contacted yet"
+
+    @property
+    def healthy(self) -> bool:
+        return self.info is not None and not self.error
+
+
+class NodeDirectory:
+    """The serving nodes named on the command line, refreshed from their Stats."""
+
+    def __init__(self, config: ConductorConfig) -> None:
+        self.timeout_s = config.match_timeout_s
+        self.entries: list[NodeEntry] = []
+        for address in config.prefill:
+            self.entries.append(self._entry(address, prefill=True))
+        for address in (*config.decode, *config.colocated):
+            self.entries.append(self._entry(address, prefill=False))
+
+    @staticmethod
+    def _entry(address: str, prefill: bool) -> NodeEntry:
+        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        if prefill:
+            return NodeEntry(address, channel, serving_pb2_grpc.PrefillServiceStub(channel), None)
+        return NodeEntry(address, channel, None, serving_pb2_grpc.DecodeServiceStub(channel))
+
+    async def refresh(self) -> None:
+        """Ask every node for its Stats at once; a node that fails is marked unhealthy."""
+        await asyncio.gather(*(self._refresh(e) for e in self.entries))
+
+    async def _refresh(self, entry: NodeEntry) -> None:
+        stub = entry.prefill if entry.prefill is not None else entry.decode
+        assert stub is not None
+        try:
+            stats = await stub.Stats(serving_pb2.ServingStatsRequest(), timeout=self.timeout_s)
+            info = _node_info(entry, stats)
+        except grpc.RpcError as err:
+            entry.error = str(rpc_error(err))
+            return
+        except KVStoreError as exc:
+            entry.error = str(exc)
+            return
+        entry.info, entry.stats, entry.error = info, stats, ""
+
+    def mark_failed(self, node_id: str, why: str) -> None:
+        """A call to the node failed as unavailable: leave it out until its Stats answer."""
+        for entry in self.entries:
+            if entry.info is not None and entry.info.node_id == node_id:
+                entry.error = why
+
+    def healthy(self, model_id: str) -> list[NodeEntry]:
+        """Healthy nodes serving `model_id`; UnavailableError / NotFoundError when none."""
+        if not self.entries:
+            raise NotReadyError(
+                "empty cluster: the conductor was started without serving nodes "
+                "(give --prefill/--decode/--colocated addresses)"
+            )
+        up = [e for e in self.entries if e.healthy]
+        if not up:
+            reasons = "; ".join(f"{e.address}: {e.error}" for e in self.entries)
+            raise UnavailableError(f"no serving node is reachable ({reasons})")
+        found = [e for e in up if e.info is not None and e.info.model_id == model_id]
+        if not found:
+            served = sorted({e.info.model_id for e in up if e.info is not None})
+            raise NotFoundError(f"no serving node serves model {model_id!r}; served: {served}")
+        return found
+
+    def by_id(self, node_id: str) -> NodeEntry:
+        for entry in self.entries:
+            if entry.info is not None and entry.info.node_id == node_id:
+                return entry
+        raise NotFoundError(f"unknown node {node_id!r}")
+
+    async def close(self) -> None:
+        for entry in self.entries:
+            await entry.channel.close()
+
+
+def _node_info(entry: NodeEntry, stats: serving_pb2.ServingStatsResponse) -> NodeInfo:
+    role = ROLES.get(stats.role)
+    if role is None:
+        raise BadRequestError(f"{entry.address} reports an unknown role {stats.role!r}")
+    if (role == Role.PREFILL) != (entry.prefill is not None):
+        listed = "prefill" if entry.prefill is not None else "decode/colocated"
+        raise BadRequestError(f"{entry.address} was listed as {listed} but is {stats.role}")
+    return NodeInfo(
+        address=entry.address,
+        node_id=stats.node_id,
+        role=role,
+        model_id=stats.model_id,
+        block_tokens=stats.block_tokens,
+        total_blocks=stats.total_blocks,
+    )
+
+
+@dataclass(slots=True)
+class ConductorServer:
+    """A started conductor: its gRPC server, address and background refresh."""
+
+    server: grpc.aio.Server
+    address: str
+    directory: NodeDirectory
+    master_channel: grpc.aio.Channel | None
+    refresher: asyncio.Task[None]
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        self.refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.refresher
+        await self.server.stop(grace_s)
+        await self.directory.close()
+        if self.master_channel is not None:
+            await self.master_channel.close()
+
+
+async def start(config: ConductorConfig) -> ConductorServer:
+    """Contact the nodes once, then serve Conductor (and health) on `config.listen`."""
+    directory = NodeDirectory(config)
+    await directory.refresh()
+    master_channel = None
+    master = None
+    if config.master:
+        master_channel = grpc.aio.insecure_channel(config.master, options=GRPC_OPTIONS)
+        master = master_pb2_grpc.MasterStub(master_channel)
+    servicer = ConductorServicer(config, directory, master)
+    servicer.warm_up()
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    conductor_pb2_grpc.add_ConductorServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise BadRequestError(f"cannot listen on {config.listen!r}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    refresher = asyncio.create_task(_refresh_forever(directory, config.refresh_s))
+    address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
+    return ConductorServer(server, address, directory, master_channel, refresher)
+
+
+async def _refresh_forever(directory: NodeDirectory, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await directory.refresh()

@@ -1,0 +1,416 @@
+"""The Conductor gRPC service: place each request with a policy, drive the nodes, relay tokens.
+
+Generate: tokenize and validate the request (the serving nodes' own checks),
+ask the master which prefix of the prompt the pool holds (MatchPrefix, as a
+`MatchAnswerIndex`), build a `ClusterView` from the healthy nodes and the
+conductor's own in-flight accounting (`Ledger`), and let the policy place it
+(the code the simulator runs). Then either
+
+- remote prefill: Prefill on the prefill node (its first token is relayed at
+  once), then Decode on the decode node with the KV handoff, or
+- local prefill: Generate on the decode node (a colocated node, or a decode node
+  within its local-prefill limit),
+
+relaying tokens as they come. A cancelled client stream cancels the node calls
+(grpc.aio cancels the handler; `finally` cancels what is open). An early rejection
+aborts with RESOURCE_EXHAUSTED and, when a retry helps, trailing metadata
+`retry-after-ms`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+
+from kvstore.conductor.api import ClusterView, Decision, Request, Role
+from kvstore.conductor.base import PolicyBase
+from kvstore.conductor.errors import RejectedError
+from kvstore.conductor.index import MatchAnswerIndex, Run
+from kvstore.conductor.ledger import Ledger
+from kvstore.conductor.profiles import load_profile
+from kvstore.conductor.registry import POLICIES, make_policy
+from kvstore.conductor.service_config import ConductorConfig, PoolKeys
+from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
+from kvstore.rpc_errors import error_for_status, status_for
+from kvstore.types import Tier
+from kvstore.v1 import conductor_pb2 as cpb
+from kvstore.v1 import conductor_pb2_grpc, master_pb2, master_pb2_grpc
+from kvstore.v1 import serving_pb2 as spb
+
+if TYPE_CHECKING:
+    from kvstore.conductor.server import NodeDirectory, NodeEntry
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+def rpc_error(err: grpc.RpcError) -> KVStoreError:
+    """The kvstore error of a failed downstream RPC (kvstore.rpc_errors' mapping)."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    return error_for_status(code, details or "")
+
+
+@dataclass(slots=True)
+class Counters:
+    requests: int = 0
+    rejected: int = 0
+    failed: int = 0
+    local_prefills: int = 0
+    remote_prefills: int = 0
+
+
+@dataclass(slots=True)
+class Plan:
+    """One placed request: what to send where, and what was measured so far."""
+
+    spec: spb.GenerationSpec  # token ids, unique request id
+    prompt_tokens: int
+    decision: Decision
+    policy: str
+    prefill: NodeEntry
+    decode: NodeEntry
+    local: bool
+    prefill_s: float  # predicted prefill compute (the ledger's queue estimate)
+    arrival: float
+    route_s: float
+    timings: cpb.RequestTimings = field(default_factory=cpb.RequestTimings)
+
+    def since(self) -> float:
+        return time.perf_counter() - self.arrival
+
+
+class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
+    """Generate and ClusterStatus over the nodes of a `NodeDirectory`."""
+
+    def __init__(
+        self,
+        config: ConductorConfig,
+        directory: NodeDirectory,
+        master: master_pb2_grpc.MasterStub | None,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.master = master
+        self.ledger = Ledger()
+        self.counters = Counters()
+        self.keys = PoolKeys(config.seed, config.batch_invariant)
+        self._profile = load_profile(config.profile)
+        self._policies: dict[str, PolicyBase] = {}
+
+    def warm_up(self) -> None:
+        """Build the default policy and load the tokenizer and namespaces before serving."""
+        self.policy("")
+        from kvstore.serving import convert  # noqa: F401  (imports torch once, up front)
+
+    def policy(self, name: str) -> PolicyBase:
+        """The (stateful) policy instance of `name` ("" = the default); BadRequestError
+        listing the valid names for an unknown one."""
+        name = name or self.config.policy
+        if name not in self._policies:
+            self._policies[name] = make_policy(
+                name,
+                latency=self._profile.latency,
+                transfer=self._profile.transfer,
+                tbt_budget_s=self.config.tbt_budget_s,
+            )
+        return self._policies[name]
+
+    async def Generate(
+        self, request: cpb.ConductorGenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+        arrival = time.perf_counter()
+        self.counters.requests += 1
+        try:
+            plan = await self._plan(request, arrival)
+            runner = self._run_local(plan) if plan.local else self._run_remote(plan)
+            async with contextlib.aclosing(runner):  # node calls end with this stream
+                async for message in runner:
+                    yield message
+        except RejectedError as exc:
+            self.counters.rejected += 1
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), trailing_metadata=_retry_md(exc)
+            )
+        except KVStoreError as exc:
+            self.counters.failed += 1
+            await context.abort(status_for(exc), str(exc))
+
+    async def ClusterStatus(
+        self, request: cpb.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ClusterStatusResponse:
+        c = self.counters
+        return cpb.ClusterStatusResponse(
+            policy=self.config.policy,
+            policies=sorted(POLICIES),
+            nodes=[self._node_status(e) for e in self.directory.entries],
+            requests=c.requests,
+            rejected=c.rejected,
+            failed=c.failed,
+            local_prefills=c.local_prefills,
+            remote_prefills=c.remote_prefills,
+        )
+
+    def _node_status(self, entry: NodeEntry) -> cpb.NodeStatus:
+        out = cpb.NodeStatus(address=entry.address, healthy=entry.healthy, error=entry.error)
+        if entry.stats is not None:
+            s = entry.stats
+            out.node_id, out.role, out.model_id = s.node_id, s.role, s.model_id
+            out.block_tokens, out.total_blocks = s.block_tokens, s.total_blocks
+            out.free_blocks, out.running = s.free_blocks, s.running
+        if entry.info is not None:
+            load = self.ledger.load(entry.info.node_id, time.perf_counter())
+            out.inflight_prefills = load.prefills
+            out.inflight_prefill_tokens = load.prefill_tokens
+            out.inflight_decodes = load.decodes
+            out.reserved_kv_tokens = load.reserved_tokens
+            out.est_queue_wait_s = load.est_queue_wait_s
+            out.routed_prefills = load.routed_prefills
+            out.routed_decodes = load.routed_decodes
+        return out
+
+    # -- placement ---------------------------------------------------------------------
+
+    async def _plan(self, request: cpb.ConductorGenerateRequest, arrival: float) -> Plan:
+        from kvstore.serving.convert import request_from_spec
+
+        policy = self.policy(request.policy)
+        spec = spb.GenerationSpec()
+        spec.CopyFrom(request.spec)
+        prompt = request_from_spec(spec).prompt  # tokenizes prompt_text; validates
+        spec.prompt_text = ""
+        spec.prompt_token_ids[:] = list(prompt)
+        spec.request_id = spec.request_id or f"conductor-{uuid.uuid4().hex[:12]}"
+        entries = self.directory.healthy(spec.model_id)
+        block_tokens = _one_block_size(entries)
+        hashes = self.keys.hashes(spec.model_id, block_tokens, prompt)
+        index = await self._match(self.keys.keys(spec.model_id, hashes))
+        now = time.perf_counter()
+        nodes = tuple(self.ledger.node_state(e.info, now) for e in entries if e.info)
+        view = ClusterView(nodes, index, pooled=True, block_tokens=block_tokens)
+        req = Request(
+            request_id=spec.request_id,
+            arrival_s=now,
+            prompt_tokens=len(prompt),
+            output_tokens=spec.max_tokens,
+            block_hashes=tuple(hashes),
+            ttft_slo_s=request.slo.ttft_s or None,
+            tbt_slo_s=request.slo.tbt_s or None,
+        )
+        decision = policy.place(req, view)
+        return self._to_plan(spec, len(prompt), decision, policy.name, view, arrival)
+
+    async def _match(self, keys: list[str]) -> MatchAnswerIndex:
+        """The pool's prefix of these keys; an empty index when there is no master or it
+        does not answer in time (placement then goes by load alone)."""
+        if self.master is None or not keys:
+            return MatchAnswerIndex([], 0)
+        try:
+            answer = await self.master.MatchPrefix(
+                master_pb2.MatchPrefixRequest(keys=keys), timeout=self.config.match_timeout_s
+            )
+        except grpc.RpcError:
+            return MatchAnswerIndex([], 0)
+        runs = [Run(m.node_id, Tier(m.tier), m.length) for m in answer.matches]
+        return MatchAnswerIndex(runs, answer.pool_length)
+
+    def _to_plan(
+        self,
+        spec: spb.GenerationSpec,
+        prompt_tokens: int,
+        decision: Decision,
+        policy: str,
+        view: ClusterView,
+        arrival: float,
+    ) -> Plan:
+        prefill = self.directory.by_id(decision.prefill_node)
+        decode = self.directory.by_id(decision.decode_node)
+        # a colocated node serves no Prefill RPC: the decode node prefills instead
+        local = decision.local_prefill or prefill.prefill is None
+        if local and not self._can_prefill_locally(decode, prompt_tokens):
+            prefill = self.directory.by_id(self._least_loaded_prefill(view, decode.address))
+            local = False
+        wait = view.node(decision.prefill_node).est_queue_wait_s
+        return Plan(
+            spec=spec,
+            prompt_tokens=prompt_tokens,
+            decision=decision,
+            policy=policy,
+            prefill=decode if local else prefill,
+            decode=decode,
+            local=local,
+            prefill_s=max(decision.predicted_ttft_s - wait, 0.0),
+            arrival=arrival,
+            route_s=time.perf_counter() - arrival,
+        )
+
+    def _can_prefill_locally(self, decode: NodeEntry, prompt_tokens: int) -> bool:
+        assert decode.info is not None
+        if decode.info.role == Role.COLOCATED:
+            return True
+        return prompt_tokens <= self.config.local_prefill_tokens
+
+    @staticmethod
+    def _least_loaded_prefill(view: ClusterView, decode_address: str) -> str:
+        nodes = [n for n in view.nodes if n.role == Role.PREFILL]
+        if not nodes:
+            raise BadRequestError(
+                f"the policy chose a local prefill on {decode_address}, over its local-prefill "
+                "limit, and there is no prefill node to run it"
+            )
+        return min(nodes, key=lambda n: (n.est_queue_wait_s, n.node_id)).node_id
+
+    # -- driving the nodes -------------------------------------------------------------
+
+    async def _run_remote(self, plan: Plan) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+        """Prefill on the prefill node, relay its first token, then relay Decode's stream."""
+        self.counters.remote_prefills += 1
+        pre = await self._prefill(plan)
+        plan.timings.prefill.CopyFrom(pre.timings)
+        plan.timings.cached_tokens = pre.cached_tokens
+        first = cpb.ConductorGenerateResponse(index=0, token_ids=[pre.first_token])
+        first.token_times_s.append(plan.since())
+        first.placement.CopyFrom(_placement(plan))
+        plan.timings.ttft_s = first.token_times_s[0]
+        yield first
+        decode_request = spb.DecodeRequest(
+            spec=plan.spec, first_token=pre.first_token, handoff=pre.handoff
+        )
+        assert plan.decode.decode is not None
+        call = plan.decode.decode.Decode(decode_request, timeout=self.config.rpc_timeout_s)
+        async with contextlib.aclosing(self._relay(plan, call, skip_first=True)) as relay:
+            async for message in relay:
+                yield message
+
+    async def _prefill(self, plan: Plan) -> spb.PrefillResponse:
+        node = plan.prefill
+        assert node.prefill is not None and node.info is not None
+        rid = plan.spec.request_id
+        self.ledger.start_prefill(
+            node.info.node_id, rid, plan.prompt_tokens, plan.prefill_s, time.perf_counter()
+        )
+        call = node.prefill.Prefill(
+            spb.PrefillRequest(spec=plan.spec), timeout=self.config.rpc_timeout_s
+        )
+        try:
+            return await call
+        except grpc.RpcError as err:
+            raise self._failed(node, err) from None
+        finally:
+            call.cancel()  # a no-op once done; stops the prefill when the client went away
+            self.ledger.finish_prefill(node.info.node_id, rid)
+
+    async def _run_local(self, plan: Plan) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+        """Generate on the decode node: it prefills the prompt itself, then decodes."""
+        self.counters.local_prefills += 1
+        node = plan.decode
+        assert node.decode is not None and node.info is not None
+        rid = plan.spec.request_id
+        self.ledger.start_prefill(
+            node.info.node_id, rid, plan.prompt_tokens, plan.prefill_s, time.perf_counter()
+        )
+        try:
+            call = node.decode.Generate(
+                spb.GenerateRequest(spec=plan.spec), timeout=self.config.rpc_timeout_s
+            )
+            async with contextlib.aclosing(self._relay(plan, call, skip_first=False)) as relay:
+                async for message in relay:
+                    self.ledger.finish_prefill(node.info.node_id, rid)  # first token: done
+                    yield message
+        finally:
+            self.ledger.finish_prefill(node.info.node_id, rid)
+
+    async def _relay(
+        self, plan: Plan, call: grpc.aio.UnaryStreamCall, skip_first: bool
+    ) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+        """Relay a node's token stream; the last message carries the timings."""
+        node = plan.decode
+        assert node.info is not None
+        node_id, rid = node.info.node_id, plan.spec.request_id
+        self.ledger.start_decode(node_id, rid, plan.prompt_tokens, plan.spec.max_tokens)
+        sent_first = skip_first
+        try:
+            async for chunk in call:
+                message = self._message(plan, chunk, skip_first)
+                if message is None:
+                    continue
+                self.ledger.add_tokens(node_id, rid, len(message.token_ids))
+                if not sent_first:
+                    message.placement.CopyFrom(_placement(plan))
+                    plan.timings.ttft_s = message.token_times_s[0] if message.token_ids else 0.0
+                    sent_first = True
+                yield message
+        except grpc.RpcError as err:
+            raise self._failed(node, err) from None
+        finally:
+            call.cancel()
+            self.ledger.finish_decode(node_id, rid)
+
+    def _message(
+        self, plan: Plan, chunk: spb.TokenChunk, skip_first: bool
+    ) -> cpb.ConductorGenerateResponse | None:
+        """The relayed form of `chunk` (None when nothing is left to send)."""
+        if chunk.HasField("timings"):
+            plan.timings.decode.CopyFrom(chunk.timings)
+        start = 1 if skip_first and chunk.index == 0 else 0
+        tokens = list(chunk.token_ids)[start:]
+        if not tokens and chunk.finish_reason == spb.FINISH_REASON_NONE:
+            return None
+        now = plan.since()
+        message = cpb.ConductorGenerateResponse(
+            index=chunk.index + start,
+            token_ids=tokens,
+            token_times_s=[now] * len(tokens),
+            finish_reason=chunk.finish_reason,
+        )
+        if chunk.finish_reason != spb.FINISH_REASON_NONE:
+            plan.timings.route_s = plan.route_s
+            plan.timings.total_s = now
+            plan.timings.prompt_tokens = plan.prompt_tokens
+            message.timings.CopyFrom(plan.timings)
+        return message
+
+    def _failed(self, node: NodeEntry, err: grpc.RpcError) -> KVStoreError:
+        error = rpc_error(err)
+        if isinstance(error, UnavailableError) and node.info is not None:
+            self.directory.mark_failed(node.info.node_id, str(error))
+        return error
+
+
+def _one_block_size(entries: list[NodeEntry]) -> int:
+    sizes = {e.info.block_tokens for e in entries if e.info is not None}
+    if len(sizes) != 1:
+        raise BadRequestError(f"serving nodes disagree on block_tokens: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _placement(plan: Plan) -> cpb.Placement:
+    d = plan.decision
+    assert plan.prefill.info is not None and plan.decode.info is not None
+    return cpb.Placement(
+        policy=plan.policy,
+        prefill_node=plan.prefill.info.node_id,
+        decode_node=plan.decode.info.node_id,
+        local_prefill=plan.local,
+        cached_blocks=d.cached_blocks,
+        predicted_ttft_s=d.predicted_ttft_s,
+        predicted_tbt_s=d.predicted_tbt_s,
+        reason=d.reason,
+    )
+
+
+def _retry_md(exc: RejectedError) -> tuple[tuple[str, str], ...]:
+    if exc.retry_after_s is None:
+        return ()
+    return ((RETRY_AFTER_KEY, str(math.ceil(exc.retry_after_s * 1000))),)
