@@ -69,6 +69,7 @@ class IOFaultError(KVStoreError):
     grpc_code = "INTERNAL"
 
 
+# The errors that round-trip through a gRPC status or a per-key ErrorCode.
 ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     BadRequestError,
     TooLargeError,
@@ -79,5 +80,6 @@ ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     CorruptError,
     TransferError,
     UnavailableError,
-    IOFaultError,
 )
+# IOFaultError is left out on purpose: on the wire it is INTERNAL, which reads back
+# as a plain KVStoreError (a remote device fault is not the caller's to handle).
