@@ -7,7 +7,13 @@ memcpy (numpy copy of the same objects, one process) and a raw socket (plain
 blocking sockets between two processes, same connection count, same sizes).
 Targets: shm/nixl get >= 0.7x memcpy (objects >= 1 MiB); tcp >= 0.7x raw socket.
 
-    python bench/transfer.py [--quick] [--json] [--connections 4]
+Store rows (bench/transfer_stores.py; skip with --no-stores): a kvstore client per
+transport (kv-shm, kv-tcp) against a `kvstore master` + `kvstore node` in other
+processes, and Mooncake Store (its mooncake_master on 127.0.0.1 and a client
+process holding the segment) when `mooncake` imports. Each kv row is also shown
+against the Mooncake row of the same size and op: target >= 3x.
+
+    python bench/transfer.py [--quick] [--json] [--connections 4] [--no-stores]
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
+from transfer_stores import (
+    Pools,
+    kvstore_runners,
+    mooncake_available,
+    mooncake_runners,
+    start_pools,
+)
 
 from kvstore.transfer.base import SegmentDescriptor, TransferOp, TransferRequest, raise_first
 from kvstore.transfer.nixl import nixl_available
@@ -39,6 +52,7 @@ from kvstore.transfer.wire import recv_into_exact, tune
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (64 * KiB, MiB, 16 * MiB)
 TARGET = 0.7
+MOONCAKE_TARGET = 3.0
 RAW_REQ = struct.Struct("<BQQ")  # op, offset, length
 
 
@@ -65,6 +79,7 @@ class Runner:
     baseline: str  # the transport this row is compared with ("" for a baseline)
     run: Callable[[], None]
     close: Callable[[], None] = lambda: None
+    prepare: Callable[[], None] = lambda: None  # untimed, before every run (fresh keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,7 @@ class Ctx:
     repeats: int
     connections: int
     raw_port: int
+    pools: Pools | None = None  # kvstore (and Mooncake) pools for the store rows
 
 
 # -- baselines ------------------------------------------------------------------
@@ -173,9 +189,25 @@ def transport_runners(ctx: Ctx, size: int, kinds: list[str]) -> list[Runner]:
 
 
 def extra_runners(ctx: Ctx, size: int) -> list[Runner]:
-    """LEAD: add kvstore-client and Mooncake-store runners here (one per transport and
-    op, baseline "memcpy" or "raw socket"); they are timed interleaved with the rest."""
-    return []
+    """kvstore-client runners per transport and Mooncake-store runners (timed interleaved)."""
+    if ctx.pools is None:
+        return []
+    made = []
+    for transport in ("shm", "tcp"):  # storage nodes publish no NIXL metadata (yet)
+        made += kvstore_runners(ctx.pools, ctx.total, size, transport)
+    if ctx.pools.mc_store is not None:
+        made += mooncake_runners(ctx.pools, ctx.total, size)
+    return [Runner(r.transport, r.op, r.baseline, r.run, r.close, r.prepare) for r in made]
+
+
+def versus_mooncake(rows: list[Row]) -> list[Row]:
+    """Every kvstore-client row again, with the Mooncake row of its size and op as baseline."""
+    mc = {(r.size, r.op): r.gbps for r in rows if r.transport == "mooncake"}
+    return [
+        Row(r.size, r.transport, r.op, r.gbps, "mooncake", mc[(r.size, r.op)])
+        for r in rows
+        if r.transport.startswith("kv-") and r.baseline != "mooncake" and (r.size, r.op) in mc
+    ]
 
 
 # -- driver ----------------------------------------------------------------------
@@ -185,9 +217,11 @@ def measure(ctx: Ctx, size: int, runners: list[Runner]) -> list[Row]:
     """Time every runner `repeats` times, interleaved (drift hits all alike); medians."""
     times: dict[int, list[float]] = {i: [] for i in range(len(runners))}
     for runner in runners:
+        runner.prepare()
         runner.run()  # warm-up: page faults, connections, mappings
     for _ in range(ctx.repeats):
         for i, runner in enumerate(runners):
+            runner.prepare()
             start = time.perf_counter()
             runner.run()
             times[i].append(time.perf_counter() - start)
@@ -224,13 +258,14 @@ def start_server(total: int, with_nixl: bool) -> tuple[subprocess.Popen[bytes], 
 def print_table(rows: list[Row]) -> None:
     print(
         f"{'size':>8} {'transport':<11} {'op':<4} {'GB/s':>7} {'baseline':<11} "
-        f"{'GB/s':>7} {'ratio':>6}  target {TARGET}x"
+        f"{'GB/s':>7} {'ratio':>6}  target {TARGET}x ({MOONCAKE_TARGET}x vs mooncake)"
     )
     for r in rows:
         if not r.baseline:
             print(f"{r.size // KiB:>6}Ki {r.transport:<11} {r.op:<4} {r.gbps:>7.2f}  (baseline)")
             continue
-        verdict = "ok" if r.ratio >= TARGET else "MISS"
+        target = MOONCAKE_TARGET if r.baseline == "mooncake" else TARGET
+        verdict = "ok" if r.ratio >= target else "MISS"
         if r.baseline == "memcpy" and (r.size < MiB or r.op != "get"):
             verdict = "-"  # the target covers same-host get of objects >= 1 MiB
         print(
@@ -248,7 +283,7 @@ def run_all(ctx: Ctx, kinds: list[str]) -> list[Row]:
         finally:
             for runner in runners:
                 runner.close()
-    return rows
+    return rows + versus_mooncake(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="64 MiB per run, 3 repeats")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--no-stores", action="store_true", help="transports and baselines only")
     args = parser.parse_args(argv)
     total, repeats = (64 * MiB, 3) if args.quick else (256 * MiB, 7)
     kinds = ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
@@ -264,10 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     raw = spawn.Process(target=raw_server, args=(total, port_tx), daemon=True)
     raw.start()
     proc, desc = start_server(total, "nixl" in kinds)
+    pools = None
     try:
-        ctx = Ctx(desc, total, repeats, args.connections, port_rx.recv())
+        if not args.no_stores:
+            # kv: get + put objects of two transports; Mooncake: get + put objects
+            pools = start_pools(4 * total + 64 * MiB, 2 * total + 64 * MiB, mooncake_available())
+        ctx = Ctx(desc, total, repeats, args.connections, port_rx.recv(), pools)
         rows = run_all(ctx, kinds)
     finally:
+        if pools is not None:
+            pools.close()
         raw.terminate()
         assert proc.stdin is not None
         proc.stdin.close()
@@ -275,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
         plan = {"total": total, "repeats": repeats, "connections": args.connections}
-        print(json.dumps({"bench": "transfer", **plan, "target": TARGET, "rows": out}))
+        targets = {"target": TARGET, "mooncake_target": MOONCAKE_TARGET}
+        print(json.dumps({"bench": "transfer", **plan, **targets, "rows": out}))
     else:
         print_table(rows)
     return 0
