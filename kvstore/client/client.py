@@ -13,7 +13,7 @@ otherwise, or as `transport=` forces). Thread-safe.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -69,17 +69,18 @@ class Client:
             self._node = node
             self._ctx.node_id = self.config.id
 
-    def _call(self, step: Rpc) -> Any:
+    def call_rpc(self, step: Rpc) -> Any:
+        """One master call, bounded by `timeout_s`; gRPC errors become KVStoreErrors."""
         try:
             return getattr(self._stub, step.method)(step.request, timeout=self.config.timeout_s)
         except grpc.RpcError as err:
             raise_from_rpc_error(err)
 
-    def run(self, op: Op[T], call: Any = None) -> T:
-        """Run one operation (steps of kvstore.client.steps); `call` overrides RPCs (tests)."""
+    def run(self, op: Op[T], call: Callable[[Rpc], Any] | None = None) -> T:
+        """Run one operation of `ops`; `call` wraps `call_rpc` (fault injection, counting)."""
         if self._closed:
             raise BadRequestError("client is closed")
-        return run_sync(op, call or self._call)
+        return run_sync(op, call or self.call_rpc)
 
     @property
     def ops(self) -> ClientOps:

@@ -83,7 +83,7 @@ def test_batches_use_one_rpc_per_phase(client, fresh) -> None:
 
     def counting(step):  # type: ignore[no-untyped-def]
         calls.append(step.method)
-        return client._call(step)
+        return client.call_rpc(step)
 
     keys = [fresh(f"c{i}") for i in range(50)]
     items = [(k, payload(4096, seed=i)) for i, k in enumerate(keys)]
@@ -131,3 +131,16 @@ def test_ssd_tier_is_served_over_tcp(client, fresh) -> None:
     assert client.get(fresh()) == value
     res = client.match_prefix([fresh()])
     assert [m[1] for m in res.matches] == [Tier.SSD]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_contributed_segment_serves_other_clients(cluster, fresh, transport) -> None:
+    value = payload(70_000, seed=9)
+    with Client(cluster.address, segment_bytes=1 << 20) as owner:
+        owner.put(fresh(), value)
+        assert cluster.holders(fresh()) == [owner.config.client_id]  # the writer's own segment
+        with Client(cluster.address, transport=transport) as reader:
+            assert reader.get(fresh()) == value
+    assert owner.config.client_id not in [s.node_id for s in cluster.stats().segments]
+    with Client(cluster.address) as late:
+        assert not late.exists(fresh())  # its only replica left with the segment

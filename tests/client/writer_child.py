@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
             if step.method == "PutEnd":
                 print("WRITTEN", flush=True)
                 sys.stdin.read()  # blocks until the parent kills us
-            return client._call(step)
+            return client.call_rpc(step)
 
         client.run(client.ops.put(key, value, PutOptions(replicas=2)), call)
         return 1
