@@ -27,6 +27,7 @@ from kvstore.serving.node import (
     serving_config,
     start_server,
     translate_stream,
+    wait_for_signal,
 )
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         node, servicer = await serve(config, store, args.listen)
         print(f"{role} node listening on {node.address}", flush=True)
         try:
-            await node.server.wait_for_termination()
+            await wait_for_signal()
         finally:
             await node.server.stop(0.5)
             servicer.close()

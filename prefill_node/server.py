@@ -23,6 +23,7 @@ from kvstore.serving.node import (
     run_node,
     serving_config,
     start_server,
+    wait_for_signal,
 )
 from kvstore.serving.prefill import PrefillResult, PrefillWorker
 from kvstore.serving.request import Request
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         node, servicer = await serve(config, store, args.listen)
         print(f"prefill node listening on {node.address}", flush=True)
         try:
-            await node.server.wait_for_termination()
+            await wait_for_signal()
         finally:
             await node.server.stop(0.5)
             servicer.close()

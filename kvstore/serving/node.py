@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -115,6 +116,15 @@ def run_node(main: Callable[[], Any]) -> None:
     """Run an async main until interrupted."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGINT or SIGTERM, so the caller shuts down cleanly (frees, unmounts)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def translate_stream(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:

@@ -111,7 +111,9 @@ class PoolBlockStore:
         return list(self.client.batch_put_from(list(keys), list(buffers), group=group))
 
     def remove(self, key: str) -> bool:
-        return bool(self.client.remove(key))
+        """Forced: serving code removes only request-scoped keys it owns (a tail it just
+        read is still under its own read lease)."""
+        return bool(self.client.remove(key, force=True))
 
     def close(self) -> None:
         self.client.close()

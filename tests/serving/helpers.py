@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from kvstore.serving.jobs import DecodeJob, DecodeTimings, JobEvent
 from kvstore.serving.prefill import PrefillResult
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
+from tests.cluster import START_TIMEOUT_S, child_env, stop_process
 
 
 @dataclass
@@ -56,22 +56,32 @@ def submit(
 
 
 class NodeProcess:
-    """A serving node in its own process; `address` once it printed its listen line."""
+    """A serving node in its own process. `start` spawns; `address` waits for the line
+    `... listening on HOST:PORT` (so several nodes can boot in parallel)."""
 
-    def __init__(self, module: str, *args: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, module: str, *args: str) -> None:
         cmd = [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--torch-threads", "1"]
         self.proc = subprocess.Popen(
-            [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [*cmd, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=child_env(),
         )
-        self.address = self._await_address(timeout_s)
+        self._address = ""
+
+    @property
+    def address(self) -> str:
+        if not self._address:
+            self._address = self._await_address(START_TIMEOUT_S * 2)
+        return self._address
 
     def _await_address(self, timeout_s: float) -> str:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         seen: list[str] = []
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
-            if not ready:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.proc.stdout], [], [], left)[0]:
                 break
             line = self.proc.stdout.readline()
             if not line:  # exited
@@ -83,12 +93,19 @@ class NodeProcess:
         raise AssertionError(f"node did not start: {''.join(seen)[-2000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5.0)
+        stop_process(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def start_nodes(*specs: tuple[str, ...]) -> list[NodeProcess]:
+    """Spawn every (module, *args) at once, then wait for each address."""
+    nodes = [NodeProcess(*spec) for spec in specs]
+    try:
+        for node in nodes:
+            assert node.address
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes

@@ -1,0 +1,135 @@
+"""Token identity across processes through the pool: a master and one storage node
+(DRAM-only or SSD-only segment) as real processes, a prefill node and a decode node
+process per transport (shm, tcp). Every output must equal colocated generation
+(`Engine.generate`, which the colocated node reproduces: test_nodes.py), for
+(b) a cold prompt, (c)/(d) a second prompt whose prefix is served from the DRAM /
+SSD segment, a fully cached prompt, and a prompt whose blocks were removed
+(recomputed). All nodes run batch_invariant (the default), which makes KV bytes
+independent of chunking and batching."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from kvstore.client import Client
+from kvstore.errors import NotFoundError
+from kvstore.model import Engine
+from kvstore.serving.client import ServingClient, make_spec
+from kvstore.serving.config import ServingConfig, build_engine
+from kvstore.serving.kv_io import layer_key, tail_layer_key
+from kvstore.types import Tier
+from tests.cluster import Cluster
+from tests.serving.helpers import start_nodes
+
+pytestmark = pytest.mark.slow
+# An SSD segment is a file, not shared memory: a client forced to shm cannot map it
+# (INVALID_ARGUMENT "cannot be mapped from this host"), so SSD runs over tcp only.
+STACKS = [("dram", "shm"), ("dram", "tcp"), ("ssd", "tcp")]
+TIERS = {"dram": Tier.DRAM, "ssd": Tier.SSD}
+
+
+def prompt_a(salt: int) -> tuple[int, ...]:
+    return tuple((7 * i + 3 + salt) % 256 for i in range(60))  # 3 full blocks + 12-token tail
+
+
+def prompt_b(salt: int) -> tuple[int, ...]:
+    return prompt_a(salt)[:48] + tuple((5 * i + salt) % 256 for i in range(8))  # shares 3
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return build_engine(ServingConfig())
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: Any) -> Iterator[dict[str, Cluster]]:
+    """One pool per tier, started on first use: a DRAM-only or an SSD-only storage node."""
+    started: dict[str, Cluster] = {}
+
+    def get(tier: str) -> Cluster:
+        if tier not in started:
+            sizes = {"dram_bytes": 16 << 20} if tier == "dram" else {
+                "dram_bytes": 0, "ssd_bytes": 16 << 20}  # fmt: skip
+            workdir = tmp_path_factory.mktemp(f"pool-{tier}")
+            started[tier] = Cluster(nodes=1, workdir=workdir, **sizes).start()
+        return started[tier]
+
+    yield get  # type: ignore[misc]
+    for c in started.values():
+        c.close()
+
+
+@pytest.fixture(scope="module", params=STACKS, ids=[f"{t}-{x}" for t, x in STACKS])
+def stack(clusters: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    tier, transport = request.param
+    cluster = clusters(tier)
+    common = ("--master", cluster.address, "--transport", transport)
+    prefill, decode = start_nodes(
+        ("prefill_node", *common, "--chunk-tokens", "32"), ("decode_node", *common)
+    )
+    client = ServingClient(prefill=prefill.address, decode=decode.address, timeout_s=60.0)
+    salt = 1 + STACKS.index(request.param)  # fresh prompts per stack: nothing cached yet
+    yield {"cluster": cluster, "client": client, "salt": salt, "transport": transport,
+           "tier": TIERS[tier]}  # fmt: skip
+    client.close()
+    prefill.stop()
+    decode.stop()
+
+
+def test_disaggregated_and_cached_prefixes_match_colocated(
+    stack: dict[str, Any], engine: Engine
+) -> None:
+    client, cluster, salt = stack["client"], stack["cluster"], stack["salt"]
+    a, b = prompt_a(salt), prompt_b(salt)
+    want_a, want_b = engine.generate(list(a), 6), engine.generate(list(b), 6)
+    cold = client.disaggregated(make_spec("a1", a, 6))
+    assert cold.tokens == want_a and cold.prefill.cached_tokens == 0
+    assert cold.timings.pulled_bytes == 4 * 4 * 8192 and not cold.timings.recomputed
+    tail = tail_layer_key(cold.prefill.handoff.tail_key, 0)
+    assert cluster.holders(tail) == []  # the decode node removed the request-scoped tail
+    shared = client.disaggregated(make_spec("b1", b, 6))  # (c)/(d): prefix from the segment
+    assert shared.tokens == want_b and shared.prefill.cached_tokens == 48
+    again = client.disaggregated(make_spec("a2", a, 6))
+    assert again.tokens == want_a and again.prefill.cached_tokens == 48
+    (segment,) = cluster.stats().segments
+    assert segment.tier == int(stack["tier"]) and segment.hits > 0
+
+
+def test_removed_blocks_are_recomputed(stack: dict[str, Any], engine: Engine) -> None:
+    client, cluster, salt = stack["client"], stack["cluster"], stack["salt"]
+    c = prompt_a(salt + 100)
+    spec = make_spec("c", c, 5)
+    pre = client.prefill(spec)
+    key = layer_key(pre.handoff.block_hashes[1], 2)
+    with Client(cluster.address, transport=stack["transport"]) as pool:
+        assert pool.remove(key, force=True)
+    out = client.decode(spec, pre)
+    assert out.tokens == engine.generate(list(c), 5) and out.timings.recomputed
+
+
+def test_cancelled_decode_releases_blocks_and_tail(stack: dict[str, Any]) -> None:
+    client, cluster, salt = stack["client"], stack["cluster"], stack["salt"]
+    spec = make_spec("x", prompt_a(salt + 200), 400)
+    pre = client.prefill(spec)
+    stream = client.decode_stream(spec, pre)
+    assert next(stream).index == 0
+    stream.cancel()
+    with pytest.raises(grpc.RpcError):
+        list(stream)
+    stats = client.decode_stats()
+    for _ in range(200):  # bounded poll of another process
+        if stats.free_blocks == stats.total_blocks:
+            break
+        cluster.wait_stats(lambda s: True, timeout_s=1.0)
+        stats = client.decode_stats()
+    assert stats.free_blocks == stats.total_blocks and stats.running == 0
+    assert cluster.holders(tail_layer_key(pre.handoff.tail_key, 0)) == []
+
+
+def test_unknown_model_is_not_found(stack: dict[str, Any]) -> None:
+    with pytest.raises(NotFoundError, match="unknown model id"):
+        stack["client"].prefill(make_spec("m", (1, 2, 3), 2, model_id="nope"))
