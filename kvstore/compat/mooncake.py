@@ -101,6 +101,26 @@ def transport_for(protocol: str) -> str:
     raise BadRequestError(f"unknown protocol {protocol!r}")
 
 
+def _connect(master: str, protocol: str, segment_bytes: int, tenant_id: str) -> Any:
+    """A kvstore Client on `master`, checked with one Stats call (fail at setup, as Mooncake)."""
+    from kvstore.client.client import Client
+    from kvstore.client.config import ClientConfig
+
+    config = ClientConfig(
+        master=master,
+        transport=transport_for(protocol),
+        segment_bytes=int(segment_bytes),
+        tenant="" if tenant_id in ("", "default") else tenant_id,
+    )
+    client = Client(config)
+    try:
+        client.stats()
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
 def _put_kwargs(config: object | None) -> dict[str, Any]:
     """Client put options from a (Mooncake or facade) ReplicateConfig."""
     if config is None:
@@ -149,25 +169,16 @@ class MooncakeDistributedStore:
         """
         if isinstance(local_hostname, dict):
             return self._setup_dict(local_hostname)
-        from kvstore.client.client import Client
-        from kvstore.client.config import ClientConfig
-
         with self._lock:
             if self._client is not None:
                 return int(ErrorCode.INVALID_PARAMS)
             try:
-                config = ClientConfig(
-                    master=master_server_addr,
-                    transport=transport_for(protocol),
-                    segment_bytes=int(global_segment_size),
-                    tenant="" if tenant_id in ("", "default") else tenant_id,
-                )
-                self._client = Client(config)
+                client = _connect(master_server_addr, protocol, global_segment_size, tenant_id)
             except Exception as exc:  # the API reports codes, never raises
                 log.warning("setup failed: %s", exc)
                 return code_of(exc)
-            self._master, self._tenant, self._hostname = master_server_addr, config.tenant, ""
-            self._hostname = local_hostname
+            self._client, self._master = client, master_server_addr
+            self._tenant, self._hostname = client.config.tenant, local_hostname
         return int(ErrorCode.OK)
 
     def _setup_dict(self, cfg: dict[str, Any]) -> int:

@@ -138,6 +138,8 @@ def test_calls_before_setup_and_bad_setup() -> None:
     assert s.remove_all() == not_ready and s.close() == 0 and s.get_hostname() == ""
     assert s.setup("h", "P2PHANDSHAKE", 0, 0, "carrier-pigeon", "", "127.0.0.1:1") == BAD
     assert s.setup("h", "P2PHANDSHAKE", 0, 0, "tcp", "", "no-port") == BAD
+    assert s.setup("h", "P2PHANDSHAKE", 0, 0, "tcp", "", "127.0.0.1:1") == -900  # RPC_FAIL
+    assert s.put("a", b"1") == not_ready  # a failed setup leaves it unusable
     assert transport_for("tcp") == "auto" and transport_for("shm") == "shm"
 
 
