@@ -155,6 +155,10 @@ class AsyncClient:
     def unregister_buffer(self, buffer: object) -> None:
         self._data.unregister(buffer)
 
+    def check_integrity(self) -> None:
+        """Assert the registered-buffer table is consistent and nothing leaked."""
+        self._data.check_integrity()
+
     # -- lifecycle ------------------------------------------------------------
 
     async def close(self) -> None:

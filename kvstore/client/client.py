@@ -110,6 +110,7 @@ class Client:
     def batch_put_from(
         self, keys: Sequence[str], buffers: Sequence[object], **kw: Any
     ) -> list[KVStoreError | None]:
+        """`batch_put` from whole buffers (registered ones, or slices of them: zero-copy)."""
         return self.run(self._ops.batch_put_from(keys, buffers, PutOptions(**kw)))
 
     # -- reads ----------------------------------------------------------------
@@ -123,20 +124,24 @@ class Client:
         return self.run(self._ops.get_into(key, out))
 
     def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Values (None when absent); raises the first fault after the whole batch ran."""
         return self.run(self._ops.batch_get(keys))
 
     def batch_get_into(
         self, keys: Sequence[str], outs: Sequence[object]
     ) -> list[int | KVStoreError]:
+        """Read each key into its buffer: bytes written, or that key's error."""
         return self.run(self._ops.batch_get_into(keys, outs))
 
     def exists(self, key: str) -> bool:
+        """Whether `key` is committed (a 1 ms lease is its only side effect)."""
         return self.run(self._ops.batch_exists([key]))[0]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         return self.run(self._ops.batch_exists(keys))
 
     def size_of(self, key: str) -> int | None:
+        """The size of committed `key`, None when absent."""
         return self.run(self._ops.batch_size_of([key]))[0]
 
     # -- admin ----------------------------------------------------------------
@@ -146,6 +151,7 @@ class Client:
         return self.run(self._ops.remove(key, force))
 
     def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
+        """How many leading `keys` the pool holds, overall and per (node, tier)."""
         return self.run(self._ops.match_prefix(keys))
 
     def stats(self) -> dict[str, Any]:
@@ -158,6 +164,10 @@ class Client:
 
     def unregister_buffer(self, buffer: object) -> None:
         self._data.unregister(buffer)
+
+    def check_integrity(self) -> None:
+        """Assert the registered-buffer table is consistent and nothing leaked."""
+        self._data.check_integrity()
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -61,6 +61,7 @@ class DataPath:
         self.engine = make_engine(transport, tcp=tcp)
         self._timeout = timeout_s
         self._regions: list[_Region] = []  # sorted by start, non-overlapping
+        self._starts: list[int] = []  # region starts, for bisect
         self._lock = threading.Lock()
         self._names = itertools.count()
 
@@ -73,12 +74,13 @@ class DataPath:
         if not view.nbytes:
             raise BadRequestError("cannot register an empty buffer")
         with self._lock:
-            i = bisect.bisect_left([r.start for r in self._regions], start)
+            i = bisect.bisect_left(self._starts, start)
             near = self._regions[max(0, i - 1) : i + 1]
             if any(r.start < start + view.nbytes and start < r.end for r in near):
                 raise BadRequestError("buffer overlaps a registered buffer")
             desc = self.engine.register(f"r{next(self._names)}", engine_view(view))
             self._regions.insert(i, _Region(start, start + view.nbytes, desc, buffer))
+            self._starts.insert(i, start)
 
     def unregister(self, buffer: object) -> None:
         """Forget a registered buffer (NotFoundError if it was not registered)."""
@@ -86,19 +88,31 @@ class DataPath:
         with self._lock:
             for i, region in enumerate(self._regions):
                 if region.start == start:
-                    del self._regions[i]
+                    del self._regions[i], self._starts[i]
                     self.engine.unregister(region.desc.name)
                     return
         raise NotFoundError("buffer is not registered")
 
     def _find(self, view: memoryview) -> tuple[BufferDescriptor, int] | None:
+        if not self._starts:
+            return None
         start = address_of(view)
         with self._lock:
-            i = bisect.bisect_right([r.start for r in self._regions], start) - 1
+            i = bisect.bisect_right(self._starts, start) - 1
             if i >= 0 and start + view.nbytes <= self._regions[i].end:
                 region = self._regions[i]
                 return region.desc, start - region.start
         return None
+
+    def check_integrity(self) -> None:
+        """Regions sorted and disjoint; the engine holds exactly their buffers (no temp
+        registration outlives its batch)."""
+        with self._lock:
+            assert self._starts == [r.start for r in self._regions], "start index is stale"
+            for a, b in zip(self._regions, self._regions[1:], strict=False):
+                assert a.end <= b.start, "registered buffers overlap"
+            names = sorted(r.desc.name for r in self._regions)
+        assert sorted(self.engine.buffers.names()) == names, "leaked engine registrations"
 
     # -- transfers --------------------------------------------------------------
 

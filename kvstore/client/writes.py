@@ -76,7 +76,8 @@ def put_op(
         end = yield Rpc("PutEnd", request)
         for i, status in zip(ok, end.results, strict=True):
             results[i] = error_for(status.code, status.message)
-    failed = [keys[i] for i in started if i not in ok]
+    written = set(ok)
+    failed = [keys[i] for i in started if i not in written]
     if failed and settled:
         yield from _revoke(ctx, failed)
     return results

@@ -25,6 +25,7 @@ def fresh() -> Callable[[str], str]:
 def client(cluster) -> Iterator[Client]:  # type: ignore[no-untyped-def]
     with Client(cluster.address, timeout_s=5.0) as c:
         yield c
+        c.check_integrity()  # no registration outlived its call
 
 
 def payload(size: int, seed: int = 0) -> bytes:

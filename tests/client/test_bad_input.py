@@ -11,6 +11,7 @@ import pytest
 from kvstore.client import Client, ClientConfig
 from kvstore.errors import (
     BadRequestError,
+    NoSpaceError,
     NotFoundError,
     TooLargeError,
     UnavailableError,
@@ -71,6 +72,13 @@ def test_bad_keys_and_values(client, fresh) -> None:
         client.batch_get("not-a-list")
     with pytest.raises(BadRequestError):
         client.batch_get_into([fresh()], [])
+    assert not client.exists(fresh())
+
+
+def test_more_replicas_than_nodes_is_no_space(client, fresh) -> None:
+    with pytest.raises(NoSpaceError):
+        client.put(fresh(), b"v", replicas=3)
+    assert client.batch_put([(fresh(), b"v")], replicas=3)[0].__class__ is NoSpaceError
     assert not client.exists(fresh())
 
 

@@ -56,7 +56,9 @@ def test_put_from_and_get_into_registered_slices(client, fresh) -> None:
     ]
     assert dst[:65536].tobytes() == src[4096 : 4096 + 65536].tobytes()
     assert dst[70_000:70_777].tobytes() == src[100_000:100_777].tobytes()
+    client.check_integrity()
     client.unregister_buffer(dst)
+    client.check_integrity()
     with pytest.raises(NotFoundError):
         client.unregister_buffer(dst)
     with pytest.raises(BadRequestError):
