@@ -9,7 +9,9 @@ independent of chunking and batching."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,9 +23,13 @@ from kvstore.model import Engine
 from kvstore.serving.client import ServingClient, make_spec
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.serving.kv_io import layer_key, tail_layer_key
+from kvstore.serving.prefill import PrefillWorker
+from kvstore.serving.request import Request
+from kvstore.serving.scheduler import DecodeScheduler
+from kvstore.serving.store import PoolBlockStore
 from kvstore.types import Tier
 from tests.cluster import Cluster
-from tests.serving.helpers import start_nodes
+from tests.serving.helpers import start_nodes, submit
 
 pytestmark = pytest.mark.slow
 # An SSD segment is a file, not shared memory: a client forced to shm cannot map it
@@ -133,3 +139,35 @@ def test_cancelled_decode_releases_blocks_and_tail(stack: dict[str, Any]) -> Non
 def test_unknown_model_is_not_found(stack: dict[str, Any]) -> None:
     with pytest.raises(NotFoundError, match="unknown model id"):
         stack["client"].prefill(make_spec("m", (1, 2, 3), 2, model_id="nope"))
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_storage_node_gone_recompute_or_fail_in_bounded_time(
+    tmp_path: Path, engine: Engine, policy: str
+) -> None:
+    """In-process prefill and decode over the pool client; the only storage node is
+    SIGKILLed between prefill and decode."""
+    config = ServingConfig(num_blocks=32, on_missing=policy)
+    with Cluster(nodes=1, workdir=tmp_path) as cluster:
+        store = PoolBlockStore.connect(cluster.address, transport="tcp", timeout_s=3.0)
+        prefill, decode = (
+            PrefillWorker(config, engine, store),
+            DecodeScheduler(config, engine, store),
+        )
+        try:
+            req = Request("gone", prompt_a(77), 5)
+            pre = prefill.prefill(req)
+            cluster.kill_node(0)
+            start = time.monotonic()
+            out = submit(decode, req, pre)[1].wait(30.0)
+            assert time.monotonic() - start < 20.0
+            if policy == "recompute":
+                assert out.tokens == engine.generate(list(req.prompt), 5)
+                assert out.timings.recomputed
+            else:
+                assert out.tokens == [] and isinstance(out.events[-1].error, NotFoundError)
+            assert decode.wait_idle(5.0) and decode.stats().free_blocks == 32
+        finally:
+            decode.stop()
+            prefill.close()
+            store.close()
