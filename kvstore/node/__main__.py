@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file")
     p.add_argument("--ssd-mib", type=float, default=0.0, help="SSD segment size (0 = none)")
     p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
+    p.add_argument("--join-timeout-s", type=float, default=30.0, help="wait for the master")
     p.add_argument("--log-level", default="WARNING")
     return p
 
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ssd_dir=args.ssd_dir,
         ssd_bytes=int(args.ssd_mib * MIB),
         heartbeat_s=args.heartbeat_s,
+        join_timeout_s=args.join_timeout_s,
     )
     run_node(config)
     return 0

@@ -32,6 +32,7 @@ class NodeConfig:
     ssd_bytes: int = 0
     heartbeat_s: float = 0.0
     rpc_timeout_s: float = 5.0
+    join_timeout_s: float = 0.0  # keep retrying an unreachable master this long at start
     alignment: int = 0  # allocation alignment the master uses in our segments; 0 = its default
     credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
 
@@ -47,7 +48,7 @@ class NodeConfig:
             raise BadRequestError("ssd_bytes > 0 needs ssd_dir")
         if self.dram_bytes == 0 and self.ssd_bytes == 0:
             raise BadRequestError("a node must lend some DRAM or SSD bytes")
-        if self.heartbeat_s < 0 or self.rpc_timeout_s <= 0:
-            raise BadRequestError("heartbeat_s must be >= 0 and rpc_timeout_s > 0")
+        if self.heartbeat_s < 0 or self.join_timeout_s < 0 or self.rpc_timeout_s <= 0:
+            raise BadRequestError("heartbeat_s, join_timeout_s must be >= 0, rpc_timeout_s > 0")
         if self.alignment < 0 or self.alignment & (self.alignment - 1):
             raise BadRequestError(f"alignment must be 0 or a power of two, got {self.alignment}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,13 +130,29 @@ class Membership:
             return False
         return True
 
-    def start(self) -> None:
-        """Join now (raising if the master refuses), then heartbeat in a daemon thread."""
-        self.join()
+    def start(self, join_timeout_s: float = 0.0) -> None:
+        """Join (retrying an unreachable master for up to `join_timeout_s`; raising if
+        it refuses or stays down), then heartbeat in a daemon thread."""
+        self._join_within(join_timeout_s)
         self._thread = threading.Thread(
             target=self._loop, name=f"kvstore-heartbeat-{self.node_id}", daemon=True
         )
         self._thread.start()
+
+    def _join_within(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = 0.1
+        while True:
+            try:
+                self.join()
+                return
+            except UnavailableError:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.info("master %s not reachable yet: retrying", self.node_id)
+            if self._stop.wait(pause):
+                raise UnavailableError("stopped before joining the master")
+            pause = min(2 * pause, 2.0)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

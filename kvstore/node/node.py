@@ -78,7 +78,7 @@ class StorageNode:
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
             heartbeat_s=cfg.heartbeat_s, alignment=cfg.alignment,
         )  # fmt: skip
-        self.membership.start()
+        self.membership.start(cfg.join_timeout_s)
 
     def stop(self, unmount: bool = True) -> None:
         """Leave the pool (unmount when asked and reachable), stop serving, free segments."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvstore.client import Client
-from kvstore.errors import BadRequestError
+from kvstore.errors import BadRequestError, UnavailableError
 from kvstore.master.server import grpc_options
 from kvstore.node import NodeConfig, StorageNode
 from kvstore.node.__main__ import build_parser
@@ -172,3 +174,31 @@ def test_objects_survive_a_persistent_master_restart(tmp_path: Path) -> None:
             assert _segments(cluster, "durable") == {node.segments[0].name: (Tier.DRAM, 1 << 20)}
             client.put("after", b"restart")
             assert client.get("after") == b"restart"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_master_down_at_start_is_unavailable_and_leaves_nothing() -> None:
+    cfg = NodeConfig(master=f"127.0.0.1:{_free_port()}", dram_bytes=1 << 16, join_timeout_s=0.3)
+    node = StorageNode(cfg)
+    start = time.monotonic()
+    with pytest.raises(UnavailableError):
+        node.start()
+    assert time.monotonic() - start < cfg.rpc_timeout_s
+    assert not os.path.exists(f"/dev/shm/{node.segments[0].name}")
+
+
+@pytest.mark.slow
+def test_node_waits_for_a_late_master(tmp_path: Path) -> None:
+    cluster = Cluster(nodes=0, workdir=tmp_path)
+    cluster.address = f"127.0.0.1:{_free_port()}"
+    try:
+        node = cluster.start_node(wait=False)  # retries joining (--join-timeout-s 30)
+        cluster.start_master()
+        cluster.wait_node(node)
+    finally:
+        cluster.close()
