@@ -10,9 +10,9 @@ never touches the work tree.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import filecmp
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,26 +25,37 @@ STUB_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
 def generate(out_root: Path) -> list[Path]:
-    """Run protoc on every .proto into `out_root`; return the stub paths written."""
-    from grpc_tools import protoc  # dev dependency: imported only when regenerating
+    """Run protoc on every .proto into `out_root`; return the stub paths written.
 
+    protoc runs in a child process: its C++ protobuf runtime must not be loaded
+    into a process that already holds the upb runtime (that segfaults)."""
     protos = sorted(str(p.relative_to(REPO)) for p in PROTO_DIR.glob("*.proto"))
-    include = Path(protoc.__file__).parent / "_proto"
     args = [
-        "protoc",
+        sys.executable,
+        "-c",
+        _PROTOC_MAIN,
         f"-I{PROTO_ROOT.relative_to(REPO)}",
-        f"-I{include}",
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
         *protos,
     ]
     # protoc resolves paths relative to the cwd: run from the repo root.
-    with contextlib.chdir(REPO):
-        rc = protoc.main(args)
-    if rc != 0:
-        raise RuntimeError(f"protoc failed with exit code {rc}")
+    run = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"protoc failed with exit code {run.returncode}: {run.stderr}")
     return sorted(_stubs(out_root / "kvstore" / "v1"))
+
+
+# grpc_tools is a dev dependency, imported only when regenerating; its bundled
+# well-known protos (google/protobuf/*.proto) are added to the include path.
+_PROTOC_MAIN = """
+import sys
+from pathlib import Path
+from grpc_tools import protoc
+include = str(Path(protoc.__file__).parent / "_proto")
+sys.exit(protoc.main(["protoc", f"-I{include}", *sys.argv[1:]]))
+"""
 
 
 def stale_files(stub_dir: Path = STUB_DIR) -> list[str]:
