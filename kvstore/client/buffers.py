@@ -54,14 +54,11 @@ def address_of(view: memoryview) -> int:
 
 
 def engine_view(view: memoryview) -> memoryview:
-    """`view` itself when writable, else a writable alias of the same bytes.
-
-    The caller keeps the source alive for as long as the alias is in use.
-    """
+    """`view` itself when writable, else a writable alias of the same bytes (which
+    keeps `view`, hence its memory, alive for as long as the alias lives)."""
     if not view.readonly or view.nbytes == 0:
         return view
-    alias = (ctypes.c_ubyte * view.nbytes).from_address(address_of(view))
-    return memoryview(alias).cast("B")
+    return _alias(address_of(view), view.nbytes, view)
 
 
 _CPYTHON = sys.implementation.name == "cpython"
@@ -81,5 +78,12 @@ def new_bytes(size: int) -> tuple[bytes | bytearray, memoryview]:
         out = bytearray(size)
         return out, memoryview(out)
     data = _bytes_from_size(None, size)
-    alias = (ctypes.c_ubyte * size).from_address(ctypes.cast(data, ctypes.c_void_p).value or 0)
-    return data, memoryview(alias).cast("B")
+    return data, _alias(ctypes.cast(data, ctypes.c_void_p).value or 0, size, data)
+
+
+def _alias(address: int, size: int, owner: object) -> memoryview:
+    """A writable view of `size` bytes at `address` that keeps `owner` alive: a transfer
+    still in flight after a timeout can never write into freed memory."""
+    array = (ctypes.c_ubyte * size).from_address(address)
+    array._kvstore_owner = owner  # type: ignore[attr-defined]
+    return memoryview(array).cast("B")
