@@ -29,7 +29,7 @@ from kvstore.serving.node import (
     translate_stream,
     wait_for_signal,
 )
-from kvstore.serving.request import Request
+from kvstore.serving.request import Handoff, Request
 from kvstore.serving.scheduler import DecodeScheduler
 from kvstore.serving.store import BlockStore
 from kvstore.v1 import serving_pb2 as pb
@@ -70,7 +70,9 @@ class DecodeServicer(serving_pb2_grpc.DecodeServiceServicer):
         self.config.check_model(spec.model_id)
         return convert.request_from_spec(spec)
 
-    async def _stream(self, req, first_token, handoff) -> AsyncIterator[pb.TokenChunk]:  # type: ignore[no-untyped-def]
+    async def _stream(
+        self, req: Request, first_token: int | None, handoff: Handoff | None
+    ) -> AsyncIterator[pb.TokenChunk]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[JobEvent] = asyncio.Queue()
 

@@ -14,8 +14,11 @@ from kvstore.serving.request import Handoff, Request
 from kvstore.v1 import serving_pb2 as pb
 
 _TOKENIZER = ByteTokenizer()
-_FINISH = {None: pb.FINISH_REASON_NONE, Finish.LENGTH: pb.FINISH_REASON_LENGTH,
-           Finish.STOP: pb.FINISH_REASON_STOP}  # fmt: skip
+_FINISH = {
+    None: pb.FINISH_REASON_NONE,
+    Finish.LENGTH: pb.FINISH_REASON_LENGTH,
+    Finish.STOP: pb.FINISH_REASON_STOP,
+}
 
 
 def request_from_spec(spec: pb.GenerationSpec) -> Request:

@@ -17,6 +17,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -84,8 +85,8 @@ class DecodeScheduler:
                 f"{self.config.block_tokens}"
             )
         if handoff.num_layers != self.layout.num_layers:
-            raise BadRequestError(f"handoff has {handoff.num_layers} layers, model has "
-                                  f"{self.layout.num_layers}")  # fmt: skip
+            layers = self.layout.num_layers
+            raise BadRequestError(f"handoff has {handoff.num_layers} layers, model has {layers}")
         if handoff.prompt_tokens != len(job.req.prompt):
             raise BadRequestError(
                 f"handoff covers {handoff.prompt_tokens} tokens, prompt has {len(job.req.prompt)}"
@@ -212,7 +213,7 @@ class DecodeScheduler:
             job.fail(error)
         self._waiting.clear()
 
-    def _guard(self, job: DecodeJob, fn) -> None:  # type: ignore[no-untyped-def]
+    def _guard(self, job: DecodeJob, fn: Callable[[DecodeJob], None]) -> None:
         """Run fn(job); a failure ends only this job, with its error sent to the client."""
         try:
             fn(job)
@@ -254,8 +255,10 @@ class DecodeScheduler:
             job.state = JobState.PREFILL
         else:
             self._finish(job, failed=True)
-            job.fail(NotFoundError(f"KV blocks of request {job.req.request_id!r} unavailable "
-                                   f"(evicted or node gone): {error}"))  # fmt: skip
+            why = f"(evicted or node gone): {error}"
+            job.fail(
+                NotFoundError(f"KV blocks of request {job.req.request_id!r} unavailable {why}")
+            )
 
     def _drop_tail(self, job: DecodeJob) -> None:
         if not job.tail_pending or self.store is None or job.handoff is None:

@@ -88,9 +88,9 @@ class PoolBlockStore:
 
     @classmethod
     def connect(cls, master: str, **options: Any) -> PoolBlockStore:
-        from kvstore.client import Client, ClientConfig  # type: ignore[attr-defined]
+        from kvstore.client import Client
 
-        return cls(Client(ClientConfig(master=master, **options)))
+        return cls(Client(master, **options))
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         return list(self.client.batch_exists(list(keys)))

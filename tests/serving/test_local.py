@@ -4,7 +4,7 @@ continuous batching and admission by free KV blocks. No gRPC here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import pytest
 from kvstore.errors import BadRequestError, NoSpaceError, NotFoundError, TooLargeError
 from kvstore.model import Engine
 from kvstore.serving.config import ServingConfig, build_engine
-from kvstore.serving.jobs import DecodeJob
+from kvstore.serving.jobs import DecodeJob, JobEvent
 from kvstore.serving.kv_io import layer_key, tail_layer_key
 from kvstore.serving.prefill import PrefillWorker
 from kvstore.serving.request import Request
@@ -153,8 +153,8 @@ def test_sequences_join_and_leave_the_batch(engine: Engine) -> None:
     try:
         prompts = [PROMPT_A[:40], PROMPT_B[:33], PROMPT_A[50:70]]
         lengths = [3, 9, 6]
-        outs = [submit(decode, Request(f"r{i}", p, n))[1] for i, (p, n) in
-                enumerate(zip(prompts, lengths, strict=True))]  # fmt: skip
+        reqs = [Request(f"r{i}", prompts[i], lengths[i]) for i in range(3)]
+        outs = [submit(decode, r)[1] for r in reqs]
         for p, n, out in zip(prompts, lengths, outs, strict=True):
             assert out.wait().tokens == engine.generate(list(p), n)
         assert decode.wait_idle(5.0)
@@ -171,8 +171,12 @@ def test_admission_waits_for_free_blocks(engine: Engine) -> None:
         a, b = Collected(), Collected()
         req_a, req_b = Request("a", PROMPT_A, 60), Request("b", PROMPT_B, 10)  # 10 and 7 blocks
 
-        def tag(name: str, out: Collected):  # type: ignore[no-untyped-def]
-            return lambda e: (order.append(name), out.sink(e))
+        def tag(name: str, out: Collected) -> Callable[[JobEvent], None]:
+            def sink(event: JobEvent) -> None:
+                order.append(name)
+                out.sink(event)
+
+            return sink
 
         decode.submit(DecodeJob(req_a, tag("a", a)))
         decode.submit(DecodeJob(req_b, tag("b", b)))

@@ -44,8 +44,8 @@ def test_colocated_matches_the_reference_engine(colocated: NodeProcess) -> None:
     assert out.timings is not None and out.timings.prefill_s > 0
     assert out.timings.ttft_s == pytest.approx(out.token_times_s[0], abs=1e-3)
     assert text.tokens == build_engine(ServingConfig()).generate([256, *b"hello"], 3)
-    assert (stats.role, stats.model_id, stats.free_blocks, stats.total_blocks) == (
-        "colocated", "tiny", 64, 64)  # fmt: skip
+    summary = (stats.role, stats.model_id, stats.free_blocks, stats.total_blocks)
+    assert summary == ("colocated", "tiny", 64, 64)
 
 
 def test_stop_token_ends_the_stream(colocated: NodeProcess) -> None:

@@ -10,7 +10,7 @@ independent of chunking and batching."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +52,27 @@ def engine() -> Engine:
 
 
 @pytest.fixture(scope="module")
-def clusters(tmp_path_factory: Any) -> Iterator[dict[str, Cluster]]:
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Cluster]]:
     """One pool per tier, started on first use: a DRAM-only or an SSD-only storage node."""
     started: dict[str, Cluster] = {}
 
     def get(tier: str) -> Cluster:
         if tier not in started:
-            sizes = {"dram_bytes": 16 << 20} if tier == "dram" else {
-                "dram_bytes": 0, "ssd_bytes": 16 << 20}  # fmt: skip
+            ssd = 0 if tier == "dram" else 16 << 20
+            sizes = {"dram_bytes": (16 << 20) - ssd, "ssd_bytes": ssd}
             workdir = tmp_path_factory.mktemp(f"pool-{tier}")
             started[tier] = Cluster(nodes=1, workdir=workdir, **sizes).start()
         return started[tier]
 
-    yield get  # type: ignore[misc]
+    yield get
     for c in started.values():
         c.close()
 
 
 @pytest.fixture(scope="module", params=STACKS, ids=[f"{t}-{x}" for t, x in STACKS])
-def stack(clusters: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+def stack(
+    clusters: Callable[[str], Cluster], request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
     tier, transport = request.param
     cluster = clusters(tier)
     common = ("--master", cluster.address, "--transport", transport)
@@ -79,8 +81,13 @@ def stack(clusters: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, A
     )
     client = ServingClient(prefill=prefill.address, decode=decode.address, timeout_s=60.0)
     salt = 1 + STACKS.index(request.param)  # fresh prompts per stack: nothing cached yet
-    yield {"cluster": cluster, "client": client, "salt": salt, "transport": transport,
-           "tier": TIERS[tier]}  # fmt: skip
+    yield {
+        "cluster": cluster,
+        "client": client,
+        "salt": salt,
+        "transport": transport,
+        "tier": TIERS[tier],
+    }
     client.close()
     prefill.stop()
     decode.stop()
