@@ -62,6 +62,7 @@ class Membership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._joined = False
+        self._reachable = True
         self.epoch = ""
         self.joins = 0  # registrations done (1 after start; more after master restarts)
 
@@ -103,6 +104,12 @@ class Membership:
 
     def beat(self) -> bool:
         """One heartbeat; re-join when forgotten or the master restarted. True if joined."""
+        joined = self._beat()
+        if joined:
+            self._reachable = True
+        return joined
+
+    def _beat(self) -> bool:
         try:
             if self._joined:
                 resp = self._call("Heartbeat", master_pb2.HeartbeatRequest(node_id=self.node_id))
@@ -114,7 +121,9 @@ class Membership:
             log.warning("master forgot node %s: re-joining", self.node_id)
             return self._try_join()
         except UnavailableError as exc:
-            log.warning("master unreachable: %s", exc)
+            if self._reachable:  # once per outage, not once per beat
+                log.warning("master unreachable: %s", exc)
+            self._reachable = False
             return False
         except KVStoreError:
             log.exception("heartbeat of %s failed", self.node_id)
