@@ -137,6 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     add("--colocated", action="store_true", help="serve Generate for any prompt (baseline)")
     add("--local-prefill-tokens", type=int, default=0, help="Generate prompts up to this long")
     add("--on-missing", default="recompute", choices=["recompute", "fail"])
+    add(
+        "--on-finish",
+        default="free",
+        choices=["free", "publish"],
+        help="publish: keep a finished sequence's blocks in the pool for its next turn",
+    )
     add("--max-batch", type=int, default=64)
     args = parser.parse_args(argv)
     process_config(args).apply()
@@ -146,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         role,
         local_prefill_tokens=args.local_prefill_tokens,
         on_missing=args.on_missing,
+        on_finish=args.on_finish,
         max_batch=args.max_batch,
     )
     store = open_store(args)

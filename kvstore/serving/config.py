@@ -20,6 +20,7 @@ from kvstore.tiers.kv_layout import KVLayout
 MODELS = {"tiny": ModelConfig.tiny, "small": ModelConfig.small}
 ROLES = ("prefill", "decode", "colocated")
 ON_MISSING = ("recompute", "fail")
+ON_FINISH = ("free", "publish")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,8 @@ class ServingConfig:
     local_prefill_tokens: a non-colocated decode node prefills prompts up to this many
       tokens itself (Generate); 0 disables.
     on_missing: what a decode node does when the handoff's blocks cannot be read.
+    on_finish: "free" drops a finished sequence's blocks; "publish" first writes its
+      full blocks (prompt + generated) to the store, for the conversation's next turn.
     """
 
     model_id: str = "tiny"
@@ -44,6 +47,7 @@ class ServingConfig:
     batch_invariant: bool = True
     local_prefill_tokens: int = 0
     on_missing: str = "recompute"
+    on_finish: str = "free"
     device: str = "auto"
     node_id: str = ""
 
@@ -54,6 +58,8 @@ class ServingConfig:
             raise BadRequestError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.on_missing not in ON_MISSING:
             raise BadRequestError(f"on_missing must be one of {ON_MISSING}")
+        if self.on_finish not in ON_FINISH:
+            raise BadRequestError(f"on_finish must be one of {ON_FINISH}")
         for name in ("block_tokens", "num_blocks", "chunk_tokens", "max_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -1,10 +1,14 @@
 """A decode node's unit of work (`DecodeJob`) and what it reports (`JobEvent`).
 
-    WAITING --admit (blocks allocated)--> LOADING --pulled--> READY --> RUNNING --> DONE
-       |                                     |                  ^
-       |                                     +--missing---> PREFILL (local compute)
-       +------------------ Generate (no handoff) ------------>+
+    WAITING --admit--> LOADING --pulled--> READY --> RUNNING --> (SAVING) --> DONE
+       |                  |                  ^
+       |                  +--missing--+      | computed
+       |                              v      |
+       +--admit (Generate)-------> PREFILL --+
     any state --cancel / error--> DONE (blocks freed, tail key removed)
+
+Admission takes every block the job can need; SAVING (on_finish="publish") writes
+a finished sequence's blocks to the store before they are freed.
 
 Only the scheduler thread changes `state` and `blocks`; the loader thread writes
 KV into a LOADING job's blocks and reports back through the scheduler.
@@ -29,6 +33,7 @@ class JobState(enum.Enum):
     PREFILL = "prefill"
     READY = "ready"
     RUNNING = "running"
+    SAVING = "saving"  # finished; blocks being published (on_finish="publish")
     DONE = "done"
 
 

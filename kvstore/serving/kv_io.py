@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstore.errors import ExistsError, KVStoreError, UnavailableError
+from kvstore.hashing import block_hashes
 from kvstore.serving.store import BlockStore
 from kvstore.types import block_key
 
@@ -112,6 +113,29 @@ class KVPublisher:
                         self.stats.errors.append(err)
                 self._pending -= 1
                 self._idle.notify_all()
+
+
+def publish_sequence(
+    store: BlockStore,
+    kv_layers: Sequence[torch.Tensor],
+    namespace: bytes,
+    tokens: Sequence[int],
+    block_ids: Sequence[int],
+    skip: int,
+) -> int:
+    """Write the full blocks of `tokens` (KV in pool blocks `block_ids`) from block
+    `skip` on, one batch per layer; returns the objects written (existing ones count)."""
+    hashes = block_hashes(tokens, kv_layers[0].shape[2], namespace)[skip:]
+    if not hashes:
+        return 0
+    ids = list(block_ids[skip : skip + len(hashes)])
+    written = 0
+    for i, layer in enumerate(kv_layers):
+        keys = [layer_key(h, i) for h in hashes]
+        views = [byte_view(t) for t in layer_snapshot(layer, ids)]
+        results = store.batch_put_from(keys, views, hashes[0].hex())
+        written += sum(r is None or isinstance(r, ExistsError) for r in results)
+    return written
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ One scheduler thread owns the block pool and runs the loop
     drop cancelled jobs -> admit waiting jobs (FIFO) while their blocks fit ->
     local prefills (Generate, recompute) -> READY jobs join -> one decode step
 
-so sequences join and leave the batch at every step. A job is admitted only when
+so sequences join and leave the batch at every step. A finished job's blocks are
+freed, or (on_finish="publish") first written to the store under their prefix
+hashes, so a later turn that extends this conversation finds them. A job is admitted only when
 all the blocks it can ever need (prompt + max_tokens - 1 positions) are free, so a
 running sequence never runs out of KV memory. Pulls of handoff blocks run on a
 loader thread and overlap the decode steps of the running batch.
@@ -14,6 +16,7 @@ loader thread and overlap the decode steps of the running batch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -23,12 +26,14 @@ from dataclasses import dataclass
 
 from kvstore.errors import BadRequestError, KVStoreError, NoSpaceError, NotFoundError
 from kvstore.model import Engine, SeqState
-from kvstore.serving.config import ServingConfig, kv_layout
+from kvstore.serving.config import ServingConfig, kv_layout, namespace
 from kvstore.serving.jobs import DecodeJob, Finish, JobEvent, JobState
-from kvstore.serving.kv_io import layer_key, pull_blocks, tail_layer_key
+from kvstore.serving.kv_io import layer_key, publish_sequence, pull_blocks, tail_layer_key
 from kvstore.serving.store import BlockStore
 from kvstore.tiers.kv_layout import HbmConfig
 from kvstore.tiers.kv_pool import HbmKVPool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +195,34 @@ class DecodeScheduler:
         for job in [j for j in self._waiting if j.cancelled]:
             self._waiting.remove(job)
             self._finish(job, failed=True)
-        for job in [j for j in self._active if j.cancelled and j.state is not JobState.LOADING]:
+        busy = (JobState.LOADING, JobState.SAVING)
+        for job in [j for j in self._active if j.cancelled and j.state not in busy]:
             self._finish(job, failed=True)
 
     def _finish(self, job: DecodeJob, *, failed: bool) -> None:
+        """End a job (under the lock): publish its blocks first if the policy says so."""
+        save = self.config.on_finish == "publish" and self.store is not None
+        if save and not failed and job.state is not JobState.SAVING:
+            job.state = JobState.SAVING
+            self._loader.submit(self._save, job)
+            return
+        self._release(job, failed=failed)
+
+    def _save(self, job: DecodeJob) -> None:
+        """Loader thread: write the sequence's full blocks to the store for later turns."""
+        assert self.store is not None
+        known = len(job.handoff.block_hashes) if job.handoff is not None else 0
+        written = (*job.req.prompt, *job.tokens[:-1])  # positions whose KV is in the blocks
+        try:
+            publish_sequence(
+                self.store, self.kv.layers, namespace(self.config), written, job.blocks, known
+            )
+        except Exception:
+            log.exception("publishing the blocks of %r failed", job.req.request_id)
+        with self._cond:
+            self._release(job, failed=False)
+
+    def _release(self, job: DecodeJob, *, failed: bool) -> None:
         """Free the job's blocks and drop its tail key (under the lock)."""
         if job in self._active:
             self._active.remove(job)

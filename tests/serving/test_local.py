@@ -210,3 +210,42 @@ def test_bad_requests(engine: Engine) -> None:
     finally:
         decode.stop()
         prefill.close()
+
+
+def test_finished_sequence_published_for_the_next_turn(engine: Engine, tmp_path: Path) -> None:
+    store = make_store(Tier.DRAM, tmp_path)
+    prefill = PrefillWorker(CONFIG, engine, store)
+    decode = DecodeScheduler(replace(CONFIG, on_finish="publish"), engine, store)
+    try:
+        turn1 = Request("t1", PROMPT_A, 30)  # KV of 100 + 29 positions: 8 full blocks
+        out = submit(decode, turn1, prefill.prefill(turn1))[1].wait()
+        assert decode.wait_idle(5.0) and decode.stats().free_blocks == CONFIG.num_blocks
+        turn2 = Request("t2", (*PROMPT_A, *out.tokens, *PROMPT_B[:20]), 4)
+        pre = prefill.prefill(turn2)
+        assert pre.cached_tokens == 128  # 6 prompt blocks from prefill + 2 from decode
+        got = submit(decode, turn2, pre)[1].wait().tokens
+        assert got == engine.generate(list(turn2.prompt), 4)
+        decode.check_integrity()
+    finally:
+        decode.stop()
+        prefill.close()
+        store.close()
+
+
+@pytest.mark.gpu
+def test_cuda_pool_stages_through_host(tmp_path: Path) -> None:
+    """On a device the publisher gathers layers to host and pulls scatter them back."""
+    config = replace(CONFIG, device="cuda")
+    engine = build_engine(config)
+    store = make_store(Tier.DRAM, tmp_path)
+    prefill, decode = PrefillWorker(config, engine, store), DecodeScheduler(config, engine, store)
+    try:
+        want = engine.generate(list(PROMPT_A), 6)
+        for name in ("cold", "cached"):
+            req = Request(name, PROMPT_A, 6)
+            assert submit(decode, req, prefill.prefill(req))[1].wait().tokens == want
+        decode.check_integrity()
+    finally:
+        decode.stop()
+        prefill.close()
+        store.close()
