@@ -15,9 +15,25 @@ from kvstore.errors import (
 from kvstore.hashing import block_hashes, longest_cached_prefix, make_namespace
 from kvstore.types import BlockHash, Location, ObjectKey, Tier
 
+# The pool client pulls in grpc: load it on first use, so `import kvstore.tiers`
+# (and the grpc-free conductor and simulator) stay light.
+_LAZY = {"Client", "AsyncClient", "ClientConfig", "PrefixMatchResult"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from kvstore import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncClient",
     "BadRequestError",
     "BlockHash",
+    "Client",
+    "ClientConfig",
     "CorruptError",
     "ExistsError",
     "KVStoreError",
@@ -26,6 +42,7 @@ __all__ = [
     "NotFoundError",
     "NotReadyError",
     "ObjectKey",
+    "PrefixMatchResult",
     "Tier",
     "TooLargeError",
     "TransferError",

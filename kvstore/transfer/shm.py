@@ -70,7 +70,9 @@ class ShmEngine(TransferEngine):
             if seg is None or seg.size < desc.size:
                 if seg is not None:
                     seg.close()
-                seg = self._maps[desc.name] = SharedSegment.attach(desc.name, writable=True)
+                seg = self._maps[desc.name] = SharedSegment.attach(
+                    desc.name, writable=True, populate=True
+                )
         if seg.size < desc.size:
             raise BadRequestError(
                 f"segment {desc.name!r} has {seg.size} bytes, descriptor says {desc.size}"
