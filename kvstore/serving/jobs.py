@@ -81,6 +81,7 @@ class DecodeJob:
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     timings: DecodeTimings = field(default_factory=DecodeTimings)
+    prefilled: int = 0  # prompt tokens computed here so far (local prefill)
     tail_pending: bool = False  # the handoff's tail key is still in the store
     cancel_event: threading.Event = field(default_factory=threading.Event)
     sampler: Sampler | None = None

@@ -11,6 +11,7 @@ tensors with one gather/scatter per layer.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -46,6 +47,22 @@ def layer_snapshot(layer: torch.Tensor, block_ids: Sequence[int]) -> list[torch.
     idx = torch.tensor(list(block_ids), device=layer.device)
     host = torch.index_select(layer, 0, idx).to("cpu")
     return list(host.unbind(0))
+
+
+def register_layers(store: BlockStore, kv_layers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Register a host pool's layer tensors with the store (one registration each, not
+    one per transfer); returns what to unregister. A device pool stages, so: nothing."""
+    if not kv_layers or kv_layers[0].device.type != "cpu":
+        return []
+    for layer in kv_layers:
+        store.register(layer)
+    return list(kv_layers)
+
+
+def unregister_layers(store: BlockStore, layers: Sequence[torch.Tensor]) -> None:
+    for layer in layers:
+        with contextlib.suppress(KVStoreError):
+            store.unregister(layer)
 
 
 @dataclass(slots=True)

@@ -30,7 +30,9 @@ from kvstore.serving.kv_io import (
     layer_key,
     layer_snapshot,
     pull_blocks,
+    register_layers,
     tail_layer_key,
+    unregister_layers,
 )
 from kvstore.serving.request import Handoff, Request
 from kvstore.serving.store import BlockStore
@@ -76,6 +78,7 @@ class PrefillWorker:
         self.kv = HbmKVPool(HbmConfig(self.layout, config.num_blocks, device=config.device))
         self.namespace = namespace(config)
         self.publisher = KVPublisher(store)
+        self._registered = register_layers(store, self.kv.layers)
         self.publish_timeout_s = publish_timeout_s
 
     def prefill(self, req: Request) -> PrefillResult:
@@ -191,4 +194,5 @@ class PrefillWorker:
 
     def close(self) -> None:
         self.publisher.close()
+        unregister_layers(self.store, self._registered)
         self.kv.close()

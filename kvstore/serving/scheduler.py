@@ -3,7 +3,7 @@
 One scheduler thread owns the block pool and runs the loop
 
     drop cancelled jobs -> admit waiting jobs (FIFO) while their blocks fit ->
-    local prefills (Generate, recompute) -> READY jobs join -> one decode step
+    one chunk of local prefill (Generate, recompute) -> READY jobs join -> one decode step
 
 so sequences join and leave the batch at every step. A finished job's blocks are
 freed, or (on_finish="publish") first written to the store under their prefix
@@ -28,7 +28,14 @@ from kvstore.errors import BadRequestError, KVStoreError, NoSpaceError, NotFound
 from kvstore.model import Engine, SeqState
 from kvstore.serving.config import ServingConfig, kv_layout, namespace
 from kvstore.serving.jobs import DecodeJob, Finish, JobEvent, JobState
-from kvstore.serving.kv_io import layer_key, publish_sequence, pull_blocks, tail_layer_key
+from kvstore.serving.kv_io import (
+    layer_key,
+    publish_sequence,
+    pull_blocks,
+    register_layers,
+    tail_layer_key,
+    unregister_layers,
+)
 from kvstore.serving.store import BlockStore
 from kvstore.tiers.kv_layout import HbmConfig
 from kvstore.tiers.kv_pool import HbmKVPool
@@ -56,6 +63,7 @@ class DecodeScheduler:
         self.store = store
         self.layout = kv_layout(config)
         self.kv = HbmKVPool(HbmConfig(self.layout, config.num_blocks, device=config.device))
+        self._registered = register_layers(store, self.kv.layers) if store is not None else []
         self._cond = threading.Condition()
         self._waiting: deque[DecodeJob] = deque()
         self._active: list[DecodeJob] = []  # admitted: LOADING, PREFILL, READY, RUNNING
@@ -141,6 +149,8 @@ class DecodeScheduler:
             self._cond.notify_all()
         self._thread.join(timeout=10.0)
         self._loader.shutdown(wait=True, cancel_futures=True)
+        if self.store is not None:
+            unregister_layers(self.store, self._registered)
         self.kv.close()
 
     # -- the loop (scheduler thread) ------------------------------------------------------
@@ -155,8 +165,7 @@ class DecodeScheduler:
                 self._reap_cancelled()
                 self._admit()
                 prefills = [j for j in self._active if j.state is JobState.PREFILL]
-            for job in prefills:
-                self._guard(job, self._local_prefill)
+            self._prefill_chunks(prefills)
             with self._cond:
                 for job in [j for j in self._active if j.state is JobState.READY]:
                     self._start(job)
@@ -297,15 +306,27 @@ class DecodeScheduler:
             with contextlib.suppress(KVStoreError):
                 self.store.remove(tail_layer_key(job.handoff.tail_key, i))
 
-    def _local_prefill(self, job: DecodeJob) -> None:
-        """Scheduler thread: compute the whole prompt here (Generate, or a recompute)."""
-        start = time.perf_counter()
-        prompt, chunk = job.req.prompt, self.config.chunk_tokens
-        logits = None
-        for pos in range(0, len(prompt), chunk):
-            logits = self.engine.prefill(prompt[pos : pos + chunk], job.blocks, pos, self.kv.layers)
-        assert logits is not None and job.sampler is not None
-        job.timings.prefill_s = time.perf_counter() - start
+    def _prefill_chunks(self, jobs: list[DecodeJob]) -> None:
+        """Scheduler thread: up to `chunk_tokens` prompt tokens of local prefill (Generate,
+        or a recompute), oldest job first, then back to a decode step: a long prompt
+        delays the running batch by one chunk per step, not by its whole prefill."""
+        budget = self.config.chunk_tokens
+        for job in jobs:
+            if budget <= 0:
+                return
+            take = min(budget, len(job.req.prompt) - job.prefilled)
+            self._guard(job, lambda j, n=take: self._local_prefill(j, n))
+            budget -= take
+
+    def _local_prefill(self, job: DecodeJob, tokens: int) -> None:
+        start, pos = time.perf_counter(), job.prefilled
+        chunk = job.req.prompt[pos : pos + tokens]
+        logits = self.engine.prefill(chunk, job.blocks, pos, self.kv.layers)
+        job.prefilled += len(chunk)
+        job.timings.prefill_s += time.perf_counter() - start
+        if job.prefilled < len(job.req.prompt):
+            return
+        assert job.sampler is not None
         if job.first_token is None:
             job.first_token = job.sampler.sample(logits)
         with self._cond:

@@ -37,6 +37,12 @@ class BlockStore(Protocol):
 
     def remove(self, key: str) -> bool: ...
 
+    def register(self, buffer: object) -> None:
+        """Make `buffer` (and its slices) a zero-copy source/target of transfers."""
+        ...
+
+    def unregister(self, buffer: object) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -76,6 +82,12 @@ class LocalBlockStore:
         with self._lock:
             return self.store.remove(ObjectKey(key))
 
+    def register(self, buffer: object) -> None:
+        """Nothing to do: in-process tiers copy from and into any buffer."""
+
+    def unregister(self, buffer: object) -> None:
+        """Nothing to do (see `register`)."""
+
     def close(self) -> None:
         self.store.close()
 
@@ -114,6 +126,12 @@ class PoolBlockStore:
         """Forced: serving code removes only request-scoped keys it owns (a tail it just
         read is still under its own read lease)."""
         return bool(self.client.remove(key, force=True))
+
+    def register(self, buffer: object) -> None:
+        self.client.register_buffer(buffer)
+
+    def unregister(self, buffer: object) -> None:
+        self.client.unregister_buffer(buffer)
 
     def close(self) -> None:
         self.client.close()

@@ -18,13 +18,15 @@ from tests.cluster import START_TIMEOUT_S, child_env, stop_process
 
 @dataclass
 class Collected:
-    """Events of one job, in order; `done` is set at its last event."""
+    """Events of one job, in order; `started` is set at its first event, `done` at its last."""
 
     events: list[JobEvent] = field(default_factory=list)
+    started: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     def sink(self, event: JobEvent) -> None:
         self.events.append(event)
+        self.started.set()
         if event.finish is not None or event.error is not None:
             self.done.set()
 

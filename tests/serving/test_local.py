@@ -4,6 +4,7 @@ continuous batching and admission by free KV blocks. No gRPC here."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -160,6 +161,28 @@ def test_sequences_join_and_leave_the_batch(engine: Engine) -> None:
         assert decode.wait_idle(5.0)
         assert decode.stats().steps < sum(n - 1 for n in lengths)  # steps were shared
         decode.check_integrity()
+    finally:
+        decode.stop()
+
+
+def test_local_prefill_is_interleaved_with_decode_steps(engine: Engine) -> None:
+    decode = DecodeScheduler(replace(CONFIG, chunk_tokens=16), engine, None)
+    try:
+        _, running = submit(decode, Request("a", PROMPT_A[:16], 60))
+        first = threading.Event()
+        marks: list[int] = []
+
+        def on_token(event: JobEvent) -> None:
+            if event.index == 0:
+                marks.append(len(running.events))
+                first.set()
+
+        assert running.started.wait(30.0)
+        before = len(running.events)
+        decode.submit(DecodeJob(Request("b", PROMPT_A, 2), on_token))  # 7 chunks of 16
+        assert first.wait(30.0)
+        assert marks[0] - before >= 6  # a decode step after each of B's first 6 chunks
+        assert running.wait().tokens == engine.generate(list(PROMPT_A[:16]), 60)
     finally:
         decode.stop()
 
