@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import threading
 from abc import ABC, abstractmethod
@@ -34,9 +35,22 @@ class TransferOp(IntEnum):
     WRITE = 2
 
 
+HOST_ID_ENV = "KVSTORE_HOST_ID"
+
+
 @cache
 def local_host_id() -> str:
-    """An id equal for processes of one boot of one host: hostname + boot id."""
+    """An id equal for processes of one boot of one host: hostname + boot id.
+
+    A non-blank `KVSTORE_HOST_ID` environment variable replaces it: processes that
+    share /dev/shm but must act as distinct hosts (network namespaces in tests,
+    containers with a shared IPC mount) set distinct values, so "auto" picks TCP
+    between them, never shared memory. Read once per process (the result is cached):
+    set it before the process starts, not while it runs.
+    """
+    override = os.environ.get(HOST_ID_ENV, "").strip()
+    if override:
+        return override
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
