@@ -4,7 +4,9 @@
 DRAM, and when `mooncake` imports, a `mooncake_master` + a Mooncake client process
 holding a segment. The bench process is then a pure client of each (it lends no
 memory), so every put and get crosses processes. A run moves `total` bytes as one
-batch (batch_put_from / batch_get_into from a registered buffer). Puts use fresh
+series of batches of at most CHUNK objects (batch_put_from / batch_get_into from a
+registered buffer; Mooncake's TCP transport times out on one batch of 4096
+64 KiB objects here, so both stores get the same chunks). Puts use fresh
 keys every run (Mooncake's put of an existing key is a silent no-op); the keys of
 the previous run are removed, untimed, in `prepare`.
 """
@@ -32,6 +34,11 @@ from kvstore.v1 import master_pb2, master_pb2_grpc
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 START_TIMEOUT_S = 60.0
+CHUNK = 256  # objects per batch call
+
+
+def chunks(n: int) -> list[slice]:
+    return [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +186,15 @@ def kvstore_runners(pools: Pools, total: int, size: int, transport: str) -> list
     views = [memoryview(local)[i : i + size] for i in range(0, total, size)]
     name = f"kv-{transport}"
     get_keys = [f"{name}-get-{size}-{i}" for i in range(len(views))]
-    _check_puts(client.batch_put_from(get_keys, views))
+    parts = chunks(len(views))
     put_keys: list[str] = []
     runs = itertools.count()
+
+    def put_all(keys: list[str]) -> None:
+        for part in parts:
+            _check_puts(client.batch_put_from(keys[part], views[part]))
+
+    put_all(get_keys)
 
     def prepare_put() -> None:
         if put_keys:
@@ -190,18 +203,17 @@ def kvstore_runners(pools: Pools, total: int, size: int, transport: str) -> list
         put_keys[:] = [f"{name}-put-{size}-{run}-{i}" for i in range(len(views))]
 
     def get() -> None:
-        got = client.batch_get_into(get_keys, views)
-        if any(n != size for n in got):
-            raise RuntimeError(f"short or failed get: {next(n for n in got if n != size)!r}")
+        for part in parts:
+            got = client.batch_get_into(get_keys[part], views[part])
+            if any(n != size for n in got):
+                raise RuntimeError(f"failed get: {next(n for n in got if n != size)!r}")
 
     def close() -> None:
         _remove(pools.kv_master, get_keys + put_keys)
         client.close()
 
     baseline = "raw socket" if transport == "tcp" else "memcpy"
-    put = StoreRunner(name, "put", baseline,
-                      lambda: _check_puts(client.batch_put_from(put_keys, views)),
-                      lambda: None, prepare_put)  # fmt: skip
+    put = StoreRunner(name, "put", baseline, lambda: put_all(put_keys), lambda: None, prepare_put)
     return [put, StoreRunner(name, "get", baseline, get, close, lambda: None)]
 
 
@@ -218,10 +230,17 @@ def mooncake_runners(pools: Pools, total: int, size: int) -> list[StoreRunner]:
     ptrs = list(range(base, base + total, size))
     sizes = [size] * len(ptrs)
     get_keys = [f"mc-get-{size}-{i}" for i in range(len(ptrs))]
-    if any(store.batch_put_from(get_keys, ptrs, sizes)):
-        raise RuntimeError("Mooncake prefill put failed")
+    parts = chunks(len(ptrs))
     put_keys: list[str] = []
     runs = itertools.count()
+
+    def put_all(keys: list[str]) -> None:
+        for part in parts:
+            codes = store.batch_put_from(keys[part], ptrs[part], sizes[part])
+            if any(codes):
+                raise RuntimeError(f"Mooncake put failed: {next(c for c in codes if c)}")
+
+    put_all(get_keys)
 
     def prepare_put() -> None:
         if put_keys:
@@ -229,15 +248,11 @@ def mooncake_runners(pools: Pools, total: int, size: int) -> list[StoreRunner]:
         run = next(runs)
         put_keys[:] = [f"mc-put-{size}-{run}-{i}" for i in range(len(ptrs))]
 
-    def put() -> None:
-        codes = store.batch_put_from(put_keys, ptrs, sizes)
-        if any(codes):
-            raise RuntimeError(f"Mooncake put failed: {next(c for c in codes if c)}")
-
     def get() -> None:
-        got = store.batch_get_into(get_keys, ptrs, sizes)
-        if any(n != size for n in got):
-            raise RuntimeError(f"Mooncake get failed: {next(n for n in got if n != size)}")
+        for part in parts:
+            got = store.batch_get_into(get_keys[part], ptrs[part], sizes[part])
+            if any(n != size for n in got):
+                raise RuntimeError(f"Mooncake get failed: {next(n for n in got if n != size)}")
 
     def close() -> None:
         store.batch_remove(get_keys + put_keys, True)
@@ -245,6 +260,8 @@ def mooncake_runners(pools: Pools, total: int, size: int) -> list[StoreRunner]:
         local.fill(0)  # keep `local` alive until unregistered
 
     return [
-        StoreRunner("mooncake", "put", "raw socket", put, lambda: None, prepare_put),
+        StoreRunner(
+            "mooncake", "put", "raw socket", lambda: put_all(put_keys), lambda: None, prepare_put
+        ),
         StoreRunner("mooncake", "get", "raw socket", get, close, lambda: None),
     ]

@@ -81,23 +81,16 @@ def view_at(address: int, size: int) -> memoryview:
 def transport_for(protocol: str) -> str:
     """Mooncake's protocol -> kvstore transport; $KVSTORE_TRANSPORT overrides.
 
-    "tcp" -> "auto" (shared memory to segments on this host, TCP to others);
-    "rdma" -> "nixl" when NIXL is installed, else "auto".
+    "tcp" and "rdma" -> "auto" (shared memory to segments on this host, TCP to others):
+    storage nodes do not publish NIXL metadata yet, so "nixl" is only taken by name.
     """
     forced = os.environ.get("KVSTORE_TRANSPORT", "")
     if forced:
         return forced
-    if protocol in ("tcp", "", "auto"):
+    if protocol in ("tcp", "rdma", "", "auto"):
         return "auto"
     if protocol in ("shm", "nixl"):
         return protocol
-    if protocol == "rdma":
-        from kvstore.transfer.nixl import nixl_available
-
-        if nixl_available():
-            return "nixl"
-        log.warning("protocol 'rdma' without NIXL installed: using shm/TCP")
-        return "auto"
     raise BadRequestError(f"unknown protocol {protocol!r}")
 
 
@@ -183,7 +176,7 @@ class MooncakeDistributedStore:
 
     def _setup_dict(self, cfg: dict[str, Any]) -> int:
         keys = ("metadata_server", "global_segment_size", "local_buffer_size", "protocol",
-                "rdma_devices", "master_server_addr")  # fmt: skip
+                "rdma_devices", "master_server_addr", "tenant_id")  # fmt: skip
         kw = {k: cfg[k] for k in keys if k in cfg}
         for k in ("global_segment_size", "local_buffer_size"):
             if k in kw:
@@ -232,11 +225,12 @@ class MooncakeDistributedStore:
     ) -> int:
         """Store many values; 0, or the first key's error code (one int, as Mooncake)."""
         kw = _put_kwargs(config)
-        res = self._call(lambda c: c.batch_put(list(zip(keys, values, strict=True)), **kw),
-                         put_code)  # fmt: skip
-        if isinstance(res, list):
-            return next((put_code(e) for e in res if put_code(e) != 0), 0)
-        return int(res or 0)
+
+        def run(c: Any) -> int:
+            codes = [put_code(e) for e in c.batch_put(list(zip(keys, values, strict=True)), **kw)]
+            return next((code for code in codes if code), 0)
+
+        return int(self._call(run, put_code))
 
     def batch_put_from(
         self,

@@ -140,7 +140,7 @@ def test_calls_before_setup_and_bad_setup() -> None:
     assert s.setup("h", "P2PHANDSHAKE", 0, 0, "tcp", "", "no-port") == BAD
     assert s.setup("h", "P2PHANDSHAKE", 0, 0, "tcp", "", "127.0.0.1:1") == -900  # RPC_FAIL
     assert s.put("a", b"1") == not_ready  # a failed setup leaves it unusable
-    assert transport_for("tcp") == "auto" and transport_for("shm") == "shm"
+    assert [transport_for(p) for p in ("tcp", "rdma", "shm")] == ["auto", "auto", "shm"]
 
 
 def _pybind_params(doc: str) -> list[str]:
