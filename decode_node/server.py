@@ -26,8 +26,8 @@ from kvstore.serving.node import (
     run_node,
     serving_config,
     start_server,
+    stop_on_signal,
     translate_stream,
-    wait_for_signal,
 )
 from kvstore.serving.request import Handoff, Request
 from kvstore.serving.scheduler import DecodeScheduler
@@ -159,9 +159,10 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         node, servicer = await serve(config, store, args.listen)
+        stop = stop_on_signal()
         print(f"{role} node listening on {node.address}", flush=True)
         try:
-            await wait_for_signal()
+            await stop.wait()
         finally:
             await node.server.stop(0.5)
             servicer.close()

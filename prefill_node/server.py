@@ -23,7 +23,7 @@ from kvstore.serving.node import (
     run_node,
     serving_config,
     start_server,
-    wait_for_signal,
+    stop_on_signal,
 )
 from kvstore.serving.prefill import PrefillResult, PrefillWorker
 from kvstore.serving.request import Request
@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         node, servicer = await serve(config, store, args.listen)
+        stop = stop_on_signal()
         print(f"prefill node listening on {node.address}", flush=True)
         try:
-            await wait_for_signal()
+            await stop.wait()
         finally:
             await node.server.stop(0.5)
             servicer.close()

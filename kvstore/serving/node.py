@@ -118,13 +118,14 @@ def run_node(main: Callable[[], Any]) -> None:
         asyncio.run(main())
 
 
-async def wait_for_signal() -> None:
-    """Return on SIGINT or SIGTERM, so the caller shuts down cleanly (frees, unmounts)."""
+def stop_on_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM, so the node shuts down cleanly (frees, unmounts).
+    Install it before announcing the address: a signal right after must not kill."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def translate_stream(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:

@@ -11,30 +11,45 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore.errors import BadRequestError, NotFoundError
+from kvstore.model import Engine
 from kvstore.serving.client import ServingClient, make_spec
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.v1 import serving_pb2 as pb
-from tests.serving.helpers import NodeProcess
+from tests.serving.helpers import NodeProcess, start_nodes
 
-PROMPT = [(7 * i + 3) % 256 for i in range(100)]
-
-
-@pytest.fixture(scope="module")
-def colocated() -> Iterator[NodeProcess]:
-    node = NodeProcess("decode_node", "--colocated", "--num-blocks", "64", "--chunk-tokens", "32")
-    yield node
-    node.stop()
+pytestmark = pytest.mark.slow  # node processes boot in 5-20 s on the loaded 2-core box
+PROMPT = [(7 * i + 3) % 256 for i in range(60)]
 
 
 @pytest.fixture(scope="module")
-def decode_only() -> Iterator[NodeProcess]:
-    node = NodeProcess("decode_node", "--local-prefill-tokens", "32", "--num-blocks", "64")
-    yield node
-    node.stop()
+def engine() -> Engine:
+    return build_engine(ServingConfig())
 
 
-def test_colocated_matches_the_reference_engine(colocated: NodeProcess) -> None:
-    expected = build_engine(ServingConfig()).generate(PROMPT, 8)
+@pytest.fixture(scope="module")
+def booted() -> Iterator[list[NodeProcess]]:
+    """A colocated node and a decode node (local prefill up to 32 tokens), booted together."""
+    nodes = start_nodes(
+        ("decode_node", "--colocated", "--num-blocks", "64", "--chunk-tokens", "32"),
+        ("decode_node", "--local-prefill-tokens", "32", "--num-blocks", "64"),
+    )
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def colocated(booted: list[NodeProcess]) -> NodeProcess:
+    return booted[0]
+
+
+@pytest.fixture(scope="module")
+def decode_only(booted: list[NodeProcess]) -> NodeProcess:
+    return booted[1]
+
+
+def test_colocated_matches_the_reference_engine(colocated: NodeProcess, engine: Engine) -> None:
+    expected = engine.generate(PROMPT, 8)
     with ServingClient(decode=colocated.address) as client:
         out = client.generate(make_spec("a", PROMPT, 8))
         text = client.generate(make_spec("t", "hello", 3))
@@ -43,13 +58,13 @@ def test_colocated_matches_the_reference_engine(colocated: NodeProcess) -> None:
     assert len(out.token_times_s) == 8 and out.token_times_s == sorted(out.token_times_s)
     assert out.timings is not None and out.timings.prefill_s > 0
     assert out.timings.ttft_s == pytest.approx(out.token_times_s[0], abs=1e-3)
-    assert text.tokens == build_engine(ServingConfig()).generate([256, *b"hello"], 3)
+    assert text.tokens == engine.generate([256, *b"hello"], 3)
     summary = (stats.role, stats.model_id, stats.free_blocks, stats.total_blocks)
     assert summary == ("colocated", "tiny", 64, 64)
 
 
-def test_stop_token_ends_the_stream(colocated: NodeProcess) -> None:
-    expected = build_engine(ServingConfig()).generate(PROMPT, 8)
+def test_stop_token_ends_the_stream(colocated: NodeProcess, engine: Engine) -> None:
+    expected = engine.generate(PROMPT, 8)
     with ServingClient(decode=colocated.address) as client:
         out = client.generate(make_spec("s", PROMPT, 8, stop_token_ids=[expected[3]]))
     first_stop = expected.index(expected[3])
@@ -73,12 +88,12 @@ def test_bad_requests_get_clear_status(
         client.generate(spec)
 
 
-def test_decode_node_prefills_only_short_prompts(decode_only: NodeProcess) -> None:
+def test_decode_node_prefills_only_short_prompts(decode_only: NodeProcess, engine: Engine) -> None:
     with ServingClient(decode=decode_only.address) as client:
         short = client.generate(make_spec("s", PROMPT[:32], 3))
         with pytest.raises(BadRequestError, match="local-prefill limit of 32"):
             client.generate(make_spec("l", PROMPT[:33], 3))
-    assert short.tokens == build_engine(ServingConfig()).generate(PROMPT[:32], 3)
+    assert short.tokens == engine.generate(PROMPT[:32], 3)
 
 
 def test_cancelled_stream_frees_its_blocks(colocated: NodeProcess) -> None:
