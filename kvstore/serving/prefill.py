@@ -61,7 +61,8 @@ class PrefillResult:
 
 
 class PrefillWorker:
-    """Runs prefills against one engine, one local KV pool and one store."""
+    """Runs prefills against one engine, one local KV pool and one store; one request
+    at a time (the node calls it from a single compute thread)."""
 
     def __init__(
         self,

@@ -5,12 +5,13 @@ One scheduler thread owns the block pool and runs the loop
     drop cancelled jobs -> admit waiting jobs (FIFO) while their blocks fit ->
     one chunk of local prefill (Generate, recompute) -> READY jobs join -> one decode step
 
-so sequences join and leave the batch at every step. A finished job's blocks are
-freed, or (on_finish="publish") first written to the store under their prefix
-hashes, so a later turn that extends this conversation finds them. A job is admitted only when
+so sequences join and leave the batch at every step. A job is admitted only when
 all the blocks it can ever need (prompt + max_tokens - 1 positions) are free, so a
 running sequence never runs out of KV memory. Pulls of handoff blocks run on a
-loader thread and overlap the decode steps of the running batch.
+loader thread and overlap the decode steps of the running batch. A finished job's
+blocks are freed, or (on_finish="publish") first written to the store under their
+prefix hashes, so the conversation's next turn finds them. Store calls run on the
+loader thread, except the tail removal of a cancelled or failed job.
 """
 
 from __future__ import annotations
@@ -278,6 +279,8 @@ class DecodeScheduler:
         except KVStoreError as exc:
             complete, error = 0, exc
         job.timings.pull_s = time.perf_counter() - start
+        if complete == len(keys) and not job.cancelled:
+            self._drop_tail(job)  # only this thread touches a LOADING job's tail
         with self._cond:
             self._after_pull(job, complete == len(keys), error)
             self._cond.notify_all()
@@ -286,7 +289,6 @@ class DecodeScheduler:
         if job.cancelled:
             self._finish(job, failed=True)
         elif whole:
-            self._drop_tail(job)
             job.state = JobState.READY
         elif self.config.on_missing == "recompute":
             job.timings.recomputed = True
