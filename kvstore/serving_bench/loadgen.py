@@ -127,6 +127,7 @@ class DisaggTarget:
             return record
         if timings is not None:
             record.pull_s = timings.pull_s
+            record.pulled_bytes = timings.pulled_bytes
         return record
 
     async def close(self) -> None:

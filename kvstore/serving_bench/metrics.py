@@ -35,7 +35,8 @@ class RequestRecord:
     publish_s: float = 0.0  # prefill node: time inside KV writes (overlaps compute)
     publish_wait_s: float = 0.0  # prefill node: waiting for KV writes after compute
     pull_s: float = 0.0  # decode node: reading the handoff's KV
-    kv_bytes: int = 0  # bytes published (= pulled) for this request
+    kv_bytes: int = 0  # bytes the prefill node published for this request
+    pulled_bytes: int = 0  # bytes the decode node read from the pool
     error: str = ""
 
     @property
@@ -111,6 +112,7 @@ class Summary:
     ttft: Dist
     tbt: Dist
     prefill_ttft: Dist
+    compute: Dist  # prefill compute on the node that prefilled
     kv_fraction: Dist
     kv_exposed: Dist
     kv_bytes: int
@@ -122,6 +124,7 @@ class Summary:
             "ttft_ms": self.ttft.as_dict(),
             "tbt_ms": self.tbt.as_dict(),
             "prefill_ttft_ms": self.prefill_ttft.as_dict(),
+            "prefill_compute_ms": self.compute.as_dict(),
             "kv_fraction": self.kv_fraction.as_dict(scale=1.0),
             "kv_exposed_fraction": self.kv_exposed.as_dict(scale=1.0),
             "kv_bytes": self.kv_bytes,
@@ -150,6 +153,7 @@ def summarize(records: Iterable[RequestRecord], kinds: Sequence[str] = ()) -> Su
         prefill_ttft=Dist.of(
             [r.prefill_done_s - r.sent_s for r in ok if r.prefill_done_s is not None]
         ),
+        compute=Dist.of([r.compute_s for r in ok if r.compute_s > 0]),
         kv_fraction=Dist.of([f[0] for f in fractions]),
         kv_exposed=Dist.of([f[1] for f in fractions]),
         kv_bytes=sum(r.kv_bytes for r in ok),

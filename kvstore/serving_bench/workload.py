@@ -57,6 +57,19 @@ class MixSpec:
     def without_bursts(self) -> MixSpec:
         return replace(self, burst_every_s=0.0)
 
+    def slowed(self, factor: float) -> MixSpec:
+        """Every time stretched by `factor`: the same load (and the same number of
+        requests) on a machine `factor` times slower than nominal."""
+        if factor <= 0:
+            raise BadRequestError(f"slow-down factor must be positive, got {factor}")
+        return replace(
+            self,
+            duration_s=self.duration_s * factor,
+            stream_every_s=self.stream_every_s * factor,
+            burst_every_s=self.burst_every_s * factor,
+            first_burst_s=self.first_burst_s * factor,
+        )
+
 
 def random_prompt(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
     return tuple(rng.randrange(vocab) for _ in range(n))
