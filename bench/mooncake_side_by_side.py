@@ -169,7 +169,8 @@ def run_harness(
         return 0.0, 0.0, False
     phases = json.loads(summary.read_text())
     p = phases["phases"]
-    return p["prepare_write"]["MiB_per_sec"], p["read_perf"]["MiB_per_sec"], bool(phases["ok"])
+    ok = bool(phases["ok"]) and p["read_perf"]["successful_kvs"] >= objects  # crashed lane: 0
+    return p["prepare_write"]["MiB_per_sec"], p["read_perf"]["MiB_per_sec"], ok
 
 
 def stores() -> list[tuple[str, str, dict[str, str]]]:
@@ -190,7 +191,7 @@ def bench(harness: Path, sizes: list[int], objects: int, remote: bool, workdir: 
     for label, module, extra in stores():
         pool = mooncake_pool if label == "mooncake" else kvstore_pool
         for size in sizes:
-            segment = size * objects + 64 * MiB
+            segment = size * objects * 5 // 4 + 64 * MiB  # stay clear of 95% eviction
             with pool(segment, remote, workdir / f"{label}.log") as master:
                 own = 0 if remote else segment
                 w, r, ok = run_harness(harness, module, master, size, objects, own, extra, workdir)
