@@ -1,4 +1,5 @@
-"""Shared helpers of the serving tests: a job runner that waits on events."""
+"""Shared helpers of the serving tests: job runners that wait on events, node
+processes, and a recording / fault-injecting store."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvstore.errors import KVStoreError
 from kvstore.serving.jobs import DecodeJob, DecodeTimings, JobEvent
 from kvstore.serving.prefill import PrefillResult
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
+from kvstore.serving.store import LocalBlockStore
 from tests.cluster import START_TIMEOUT_S, child_env, stop_process
 
 
@@ -111,3 +115,51 @@ def start_nodes(*specs: tuple[str, ...]) -> list[NodeProcess]:
             node.stop()
         raise
     return nodes
+
+
+class RecordingStore:
+    """A LocalBlockStore wrapper (fault-injecting fake) that records each batched put
+    and fails the keys whose name contains `fail_marker` with `fail_with`."""
+
+    def __init__(
+        self, inner: LocalBlockStore, fail_marker: str = "", fail_with: KVStoreError | None = None
+    ) -> None:
+        self.inner = inner
+        self.fail_marker = fail_marker
+        self.fail_with = fail_with
+        self.puts: list[list[str]] = []
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return self.inner.batch_exists(keys)
+
+    def match_prefix(self, keys: Sequence[str]) -> int:
+        return self.inner.match_prefix(keys)
+
+    def batch_get_into(
+        self, keys: Sequence[str], outs: Sequence[memoryview]
+    ) -> list[int | KVStoreError]:
+        return self.inner.batch_get_into(keys, outs)
+
+    def remove(self, key: str) -> bool:
+        return self.inner.remove(key)
+
+    def register(self, buffer: object) -> None:
+        self.inner.register(buffer)
+
+    def unregister(self, buffer: object) -> None:
+        self.inner.unregister(buffer)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def batch_put_from(
+        self, keys: Sequence[str], buffers: Sequence[memoryview], group: str = ""
+    ) -> list[KVStoreError | None]:
+        self.puts.append(list(keys))
+        results = self.inner.batch_put_from(keys, buffers, group)
+        if self.fail_with is None:
+            return results
+        return [
+            self.fail_with if self.fail_marker in k else r
+            for k, r in zip(keys, results, strict=True)
+        ]

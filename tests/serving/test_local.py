@@ -26,7 +26,7 @@ from kvstore.tiers.ssd import SsdTier
 from kvstore.tiers.ssd_handles import SsdConfig
 from kvstore.tiers.tiered import TieredConfig, TieredStore
 from kvstore.types import Tier
-from tests.serving.helpers import Collected, submit
+from tests.serving.helpers import Collected, RecordingStore, submit
 
 CONFIG = ServingConfig(num_blocks=48, chunk_tokens=32)
 PROMPT_A = tuple((7 * i + 3) % 256 for i in range(100))  # 6 full blocks + 4-token tail
@@ -270,5 +270,40 @@ def test_cuda_pool_stages_through_host(tmp_path: Path) -> None:
         decode.check_integrity()
     finally:
         decode.stop()
+        prefill.close()
+        store.close()
+
+
+def test_prefill_publishes_layer_by_layer(engine: Engine, tmp_path: Path) -> None:
+    store = RecordingStore(make_store(Tier.DRAM, tmp_path))
+    prefill = PrefillWorker(CONFIG, engine, store)
+    try:
+        pre = prefill.prefill(Request("a", PROMPT_A, 2))  # chunks of 32: 0-31, ..., 96-99
+        blocks = [h.hex() for h in pre.handoff.block_hashes]
+        tail = pre.handoff.tail_key
+        want = [
+            [f"{b}/L{layer}" for b in blocks[2 * c : 2 * c + 2]]
+            + ([f"{tail}/L{layer}"] if c == 3 else [])
+            for c in range(4)
+            for layer in range(4)
+        ]
+        assert store.puts == want  # one write per (chunk, layer), in compute order
+    finally:
+        prefill.close()
+        store.close()
+
+
+def test_failed_publish_fails_the_request_and_cleans_up(engine: Engine, tmp_path: Path) -> None:
+    store = RecordingStore(make_store(Tier.DRAM, tmp_path), "/L2", NoSpaceError("pool full"))
+    prefill = PrefillWorker(CONFIG, engine, store)
+    try:
+        with pytest.raises(NoSpaceError, match="pool full"):
+            prefill.prefill(Request("a", PROMPT_A, 2))
+        tail = store.puts[-1][-1].rsplit("/", 1)[0]
+        assert tail.startswith("tail/a/")
+        assert store.batch_exists([f"{tail}/L{i}" for i in range(4)]) == [False] * 4
+        assert prefill.kv.pool.free_count == CONFIG.num_blocks
+        prefill.kv.pool.check_integrity()
+    finally:
         prefill.close()
         store.close()
