@@ -70,3 +70,10 @@ class BufferPool:
     def close(self) -> None:
         for lease in list(self._leased.values()):
             lease.release()
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            used = sum(lease.size for lease in self._leased.values())
+            assert not self._max_bytes or used <= self._max_bytes, "leases exceed max_bytes"
+            for ptr, lease in self._leased.items():
+                assert ptr == lease.ptr and ptr % PAGE == 0, f"lease at {ptr:#x} misindexed"

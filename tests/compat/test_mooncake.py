@@ -12,8 +12,14 @@ import re
 import numpy as np
 import pytest
 
-from kvstore.compat.mooncake import MooncakeDistributedStore, ReplicateConfig, transport_for
+from kvstore.compat.mooncake import (
+    BufferPool,
+    MooncakeDistributedStore,
+    ReplicateConfig,
+    transport_for,
+)
 from kvstore.compat.mooncake_codes import ErrorCode
+from kvstore.errors import NoSpaceError
 from tests.cluster import Cluster, cluster_fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,6 +84,23 @@ def test_unregistered_memory_still_works(store: MooncakeDistributedStore) -> Non
     assert store.get_into("u", dst.ctypes.data, dst.size) == src.size
     assert bytes(dst[: src.size]) == b"unregistered bytes"
     assert store.unregister_buffer(dst.ctypes.data) == BAD
+
+
+def test_buffer_pool_leases_registered_memory(store: MooncakeDistributedStore) -> None:
+    pool = BufferPool(store, max_bytes=3 * MiB, max_regions=1)
+    a, b = pool.acquire(MiB), pool.acquire(2 * MiB, block=False)
+    with pytest.raises(NoSpaceError):
+        pool.acquire(1)
+    pool.check_integrity()
+    a.buffer[:5] = b"lease"
+    assert store.put_from("leased-buf", a.ptr, 5) == 0
+    assert store.get_into("leased-buf", b.ptr, b.size) == 5 and bytes(b.buffer[:5]) == b"lease"
+    assert store.register_buffer(a.ptr, 64) == BAD  # already registered by the pool
+    a.release()
+    assert store.register_buffer(a.ptr, 64) == 0 and store.unregister_buffer(a.ptr) == 0
+    pool.close()
+    assert store.unregister_buffer(b.ptr) == BAD  # close released (unregistered) it
+    pool.check_integrity()
 
 
 def test_batches_report_per_key(store: MooncakeDistributedStore, buf: np.ndarray) -> None:
