@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 START_S = 60.0
 PROMPT = [(7 * i + 3) % 250 + 1 for i in range(40)]  # 2 full blocks of 16 + a tail of 8
+LOCAL = 64  # the decode node prefills prompts up to this long itself
 
 
 @dataclass
@@ -73,14 +74,15 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
                 node_args("prefill_node", *master), b"prefill node", work / "p.log"
             )
             started.append(pre)
-            dec, dec_addr = spawn(node_args("decode_node", *master), b"decode node", work / "d.log")
+            dec_args = node_args("decode_node", *master, "--local-prefill-tokens", str(LOCAL))
+            dec, dec_addr = spawn(dec_args, b"decode node", work / "d.log")
             started.append(dec)
             col, col_addr = spawn(
                 node_args("decode_node", "--colocated"), b"colocated node", work / "c.log"
             )
             started.append(col)
-            args = ["-m", "kvstore.conductor", "--master", pool.address,
-                    "--prefill", pre_addr, "--decode", dec_addr]  # fmt: skip
+            args = ["-m", "kvstore.conductor", "--master", pool.address, "--prefill", pre_addr,
+                    "--decode", dec_addr, "--local-prefill-tokens", str(LOCAL)]  # fmt: skip
             cond, cond_addr = spawn(args, b"conductor listening", work / "conductor.log")
             started.append(cond)
             yield Procs(pool, pre_addr, dec_addr, col_addr, cond_addr, started)
@@ -153,6 +155,29 @@ def test_prompt_text_is_tokenized_like_the_nodes_do(procs: Procs) -> None:
     assert got == expected
 
 
+def test_conditional_prefills_on_the_decode_node_within_its_limit(procs: Procs) -> None:
+    """Idle cluster, no objective: a local prefill is sooner (no KV move). Within the decode
+    node's local-prefill limit it runs there (Generate); over it, on the prefill node."""
+    long_prompt = PROMPT * 2  # 80 tokens > LOCAL
+    with ServingClient(decode=procs.colocated) as ref:
+        short_ref = ref.generate(make_spec("ref-s", PROMPT[:30], 6)).tokens
+        long_ref = ref.generate(make_spec("ref-l", long_prompt, 6)).tokens
+    nodes = {n.role: n.node_id for n in status(procs).nodes}
+    with procs.channel() as channel:
+        short = generate(channel, PROMPT[:30], 6, policy="conditional", rid="c1")
+        long = generate(channel, long_prompt, 6, policy="conditional", rid="c2")
+    assert tokens_of(short) == short_ref and tokens_of(long) == long_ref
+    place = short[0].placement
+    assert (place.policy, place.local_prefill) == ("conditional", True)
+    assert place.prefill_node == place.decode_node == nodes["decode"]
+    assert not short[-1].timings.HasField("prefill")  # no prefill node took part
+    assert short[-1].timings.decode.prefill_s > 0
+    place = long[0].placement
+    assert not place.local_prefill
+    assert (place.prefill_node, place.decode_node) == (nodes["prefill"], nodes["decode"])
+    assert status(procs).local_prefills >= 1
+
+
 def test_unknown_policy_is_invalid_argument_listing_valid_names(procs: Procs) -> None:
     with procs.channel() as channel, pytest.raises(grpc.RpcError) as err:
         generate(channel, PROMPT, 2, policy="fastest")
@@ -217,7 +242,7 @@ def test_cluster_status_lists_nodes_and_policies(procs: Procs) -> None:
         [(procs.prefill, "prefill", True), (procs.decode, "decode", True)]
     )
     assert all(n.model_id == "tiny" and n.block_tokens == 16 for n in got.nodes)
-    assert got.remote_prefills >= 2 and got.local_prefills == 0
+    assert got.requests >= got.remote_prefills >= 2
 
 
 def test_empty_cluster_is_a_clear_error(tmp_path: Path) -> None:
