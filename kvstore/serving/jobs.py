@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from kvstore.errors import KVStoreError
-from kvstore.model import Sampler
-from kvstore.serving.request import Handoff, Request
+from kvstore.serving.request import Handoff, Request, sample_token
 
 
 class JobState(enum.Enum):
@@ -84,12 +85,10 @@ class DecodeJob:
     prefilled: int = 0  # prompt tokens computed here so far (local prefill)
     tail_pending: bool = False  # the handoff's tail key is still in the store
     cancel_event: threading.Event = field(default_factory=threading.Event)
-    sampler: Sampler | None = None
 
     def __post_init__(self) -> None:
         if (self.handoff is None) != (self.first_token is None):
             raise KVStoreError("a handoff comes with its first token")
-        self.sampler = Sampler(self.req.sampling)
         self.tail_pending = self.handoff is not None and bool(self.handoff.tail_key)
 
     @property
@@ -104,6 +103,10 @@ class DecodeJob:
     def blocks_needed(self, block_tokens: int) -> int:
         """Blocks for every position ever written: prompt + max_tokens - 1."""
         return -(-(self.req.total_tokens - 1) // block_tokens)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """Draw the job's next new token from its logits [vocab]."""
+        return sample_token(self.req.sampling, logits, len(self.tokens))
 
     def emit_token(self, token: int) -> Finish | None:
         """Record a new token and report it; returns why the job ends, if it does."""

@@ -23,7 +23,7 @@ import torch
 
 from kvstore.errors import KVStoreError, NoSpaceError
 from kvstore.hashing import block_hashes
-from kvstore.model import Engine, Sampler
+from kvstore.model import Engine
 from kvstore.serving.config import ServingConfig, kv_layout, namespace
 from kvstore.serving.kv_io import (
     KVPublisher,
@@ -34,7 +34,7 @@ from kvstore.serving.kv_io import (
     tail_layer_key,
     unregister_layers,
 )
-from kvstore.serving.request import Handoff, Request
+from kvstore.serving.request import Handoff, Request, sample_token
 from kvstore.serving.store import BlockStore
 from kvstore.tiers.kv_layout import HbmConfig
 from kvstore.tiers.kv_pool import HbmKVPool
@@ -115,7 +115,7 @@ class PrefillWorker:
                 req, hashes, ids, hit * self.config.block_tokens, in_store, tail_key
             )
             t3 = time.perf_counter()
-            first = Sampler(req.sampling).sample(logits)
+            first = sample_token(req.sampling, logits, 0)
             stats = self.publisher.flush(self.publish_timeout_s)
             if stats.errors:
                 raise stats.errors[0]

@@ -6,10 +6,13 @@ grpc-free: the node servers convert protobuf messages to these dataclasses (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import torch
+import xxhash
 
 from kvstore.errors import BadRequestError, TooLargeError
-from kvstore.model import ModelConfig, SamplingParams
+from kvstore.model import ModelConfig, Sampler, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,16 @@ class Request:
                 f"prompt {len(self.prompt)} + max_tokens {self.max_tokens} exceeds the "
                 f"model's context of {model.max_position}"
             )
+
+
+def sample_token(params: SamplingParams, logits: torch.Tensor, index: int) -> int:
+    """New token number `index` of a request. Each draw gets its own generator, seeded
+    from (seed, index), so a token does not depend on which node drew the ones
+    before it: seeded sampling gives the same text colocated and disaggregated."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    seed = xxhash.xxh64_intdigest(f"{params.seed}/{index}".encode()) >> 1  # < 2**63
+    return Sampler(replace(params, seed=seed)).sample(logits)
 
 
 @dataclass(frozen=True, slots=True)

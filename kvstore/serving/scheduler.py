@@ -328,9 +328,8 @@ class DecodeScheduler:
         job.timings.prefill_s += time.perf_counter() - start
         if job.prefilled < len(job.req.prompt):
             return
-        assert job.sampler is not None
         if job.first_token is None:
-            job.first_token = job.sampler.sample(logits)
+            job.first_token = job.sample(logits)
         with self._cond:
             job.state = JobState.READY
 
@@ -358,8 +357,7 @@ class DecodeScheduler:
             for job, row in zip(batch, logits, strict=True):
                 if job.cancelled:
                     continue
-                assert job.sampler is not None
-                finish: Finish | None = job.emit_token(job.sampler.sample(row))
+                finish: Finish | None = job.emit_token(job.sample(row))
                 if finish is not None:
                     self._finish(job, failed=False)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.errors import BadRequestError, NoSpaceError, NotFoundError, TooLargeError
-from kvstore.model import Engine
+from kvstore.model import Engine, SamplingParams
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.serving.jobs import DecodeJob, JobEvent
 from kvstore.serving.kv_io import layer_key, tail_layer_key
@@ -91,6 +91,25 @@ def test_colocated_disaggregated_and_cached_prefix_agree(
     pre_b = prefill.prefill(b)  # 5 shared blocks come from the store
     assert pre_b.cached_tokens == 80 and pre_b.timings.published_bytes == 4 * LAYER_BYTES
     assert submit(decode, b, pre_b)[1].wait().tokens == reference[PROMPT_B]
+
+
+def test_seeded_sampling_same_colocated_and_disaggregated(
+    engine: Engine, tmp_path: Path, reference: dict
+) -> None:
+    store = make_store(Tier.DRAM, tmp_path)
+    prefill, decode = PrefillWorker(CONFIG, engine, store), DecodeScheduler(CONFIG, engine, store)
+    try:
+        hot = SamplingParams(temperature=1.5, seed=7)
+        req = Request("s", PROMPT_A, 6, sampling=hot)
+        colocated = submit(decode, req)[1].wait().tokens
+        assert submit(decode, req, prefill.prefill(req))[1].wait().tokens == colocated
+        other_seed = Request("s", PROMPT_A, 6, sampling=SamplingParams(temperature=1.5, seed=8))
+        assert submit(decode, other_seed)[1].wait().tokens != colocated
+        assert colocated != reference[PROMPT_A]  # it did sample
+    finally:
+        decode.stop()
+        prefill.close()
+        store.close()
 
 
 def test_whole_prompt_cached_still_computes_last_block(
