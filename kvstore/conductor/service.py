@@ -20,11 +20,9 @@ aborts with RESOURCE_EXHAUSTED and, when a retry helps, trailing metadata
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
@@ -34,6 +32,7 @@ from kvstore.conductor.base import PolicyBase
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.index import MatchAnswerIndex, Run
 from kvstore.conductor.ledger import Ledger
+from kvstore.conductor.plan import Counters, Plan, one_block_size, placement, retry_metadata
 from kvstore.conductor.profiles import load_profile
 from kvstore.conductor.registry import POLICIES, make_policy
 from kvstore.conductor.service_config import ConductorConfig, PoolKeys
@@ -52,7 +51,6 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
-RETRY_AFTER_KEY = "retry-after-ms"
 
 
 def rpc_error(err: grpc.RpcError) -> KVStoreError:
@@ -60,35 +58,6 @@ def rpc_error(err: grpc.RpcError) -> KVStoreError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
     return error_for_status(code, details or "")
-
-
-@dataclass(slots=True)
-class Counters:
-    requests: int = 0
-    rejected: int = 0
-    failed: int = 0
-    local_prefills: int = 0
-    remote_prefills: int = 0
-
-
-@dataclass(slots=True)
-class Plan:
-    """One placed request: what to send where, and what was measured so far."""
-
-    spec: spb.GenerationSpec  # token ids, unique request id
-    prompt_tokens: int
-    decision: Decision
-    policy: str
-    prefill: NodeEntry
-    decode: NodeEntry
-    local: bool
-    prefill_s: float  # predicted prefill compute (the ledger's queue estimate)
-    arrival: float
-    route_s: float
-    timings: cpb.RequestTimings = field(default_factory=cpb.RequestTimings)
-
-    def since(self) -> float:
-        return time.perf_counter() - self.arrival
 
 
 class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
@@ -141,7 +110,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         except RejectedError as exc:
             self.counters.rejected += 1
             await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), trailing_metadata=_retry_md(exc)
+                grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), trailing_metadata=retry_metadata(exc)
             )
         except KVStoreError as exc:
             self.counters.failed += 1
@@ -193,7 +162,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         spec.prompt_token_ids[:] = list(prompt)
         spec.request_id = spec.request_id or f"conductor-{uuid.uuid4().hex[:12]}"
         entries = self.directory.healthy(spec.model_id)
-        block_tokens = _one_block_size(entries)
+        block_tokens = one_block_size(entries)
         hashes = self.keys.hashes(spec.model_id, block_tokens, prompt)
         index = await self._match(self.keys.keys(spec.model_id, hashes))
         now = time.perf_counter()
@@ -281,7 +250,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         plan.timings.cached_tokens = pre.cached_tokens
         first = cpb.ConductorGenerateResponse(index=0, token_ids=[pre.first_token])
         first.token_times_s.append(plan.since())
-        first.placement.CopyFrom(_placement(plan))
+        first.placement.CopyFrom(placement(plan))
         plan.timings.ttft_s = first.token_times_s[0]
         yield first
         decode_request = spb.DecodeRequest(
@@ -326,7 +295,8 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
             )
             async with contextlib.aclosing(self._relay(plan, call, skip_first=False)) as relay:
                 async for message in relay:
-                    self.ledger.finish_prefill(node.info.node_id, rid)  # first token: done
+                    if message.index == 0:  # the first token: the local prefill is done
+                        self.ledger.finish_prefill(node.info.node_id, rid)
                     yield message
         finally:
             self.ledger.finish_prefill(node.info.node_id, rid)
@@ -347,7 +317,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
                     continue
                 self.ledger.add_tokens(node_id, rid, len(message.token_ids))
                 if not sent_first:
-                    message.placement.CopyFrom(_placement(plan))
+                    message.placement.CopyFrom(placement(plan))
                     plan.timings.ttft_s = message.token_times_s[0] if message.token_ids else 0.0
                     sent_first = True
                 yield message
@@ -386,31 +356,3 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         if isinstance(error, UnavailableError) and node.info is not None:
             self.directory.mark_failed(node.info.node_id, str(error))
         return error
-
-
-def _one_block_size(entries: list[NodeEntry]) -> int:
-    sizes = {e.info.block_tokens for e in entries if e.info is not None}
-    if len(sizes) != 1:
-        raise BadRequestError(f"serving nodes disagree on block_tokens: {sorted(sizes)}")
-    return sizes.pop()
-
-
-def _placement(plan: Plan) -> cpb.Placement:
-    d = plan.decision
-    assert plan.prefill.info is not None and plan.decode.info is not None
-    return cpb.Placement(
-        policy=plan.policy,
-        prefill_node=plan.prefill.info.node_id,
-        decode_node=plan.decode.info.node_id,
-        local_prefill=plan.local,
-        cached_blocks=d.cached_blocks,
-        predicted_ttft_s=d.predicted_ttft_s,
-        predicted_tbt_s=d.predicted_tbt_s,
-        reason=d.reason,
-    )
-
-
-def _retry_md(exc: RejectedError) -> tuple[tuple[str, str], ...]:
-    if exc.retry_after_s is None:
-        return ()
-    return ((RETRY_AFTER_KEY, str(math.ceil(exc.retry_after_s * 1000))),)
