@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from kvstore.errors import BadRequestError
+from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.rpc_errors import translate
 from kvstore.serving import convert
 from kvstore.serving.config import ServingConfig, build_engine
@@ -145,17 +145,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     add("--max-batch", type=int, default=64)
     args = parser.parse_args(argv)
-    process_config(args).apply()
     role = "colocated" if args.colocated else "decode"
-    config = serving_config(
-        args,
-        role,
-        local_prefill_tokens=args.local_prefill_tokens,
-        on_missing=args.on_missing,
-        on_finish=args.on_finish,
-        max_batch=args.max_batch,
-    )
-    store = open_store(args)
+    try:
+        process_config(args).apply()
+        config = serving_config(
+            args,
+            role,
+            local_prefill_tokens=args.local_prefill_tokens,
+            on_missing=args.on_missing,
+            on_finish=args.on_finish,
+            max_batch=args.max_batch,
+        )
+        store = open_store(args)
+    except (KVStoreError, OSError, ValueError) as exc:
+        parser.error(str(exc))
 
     async def run() -> None:
         node, servicer = await serve(config, store, args.listen)

@@ -11,7 +11,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from kvstore.errors import BadRequestError
+from kvstore.errors import KVStoreError
 from kvstore.rpc_errors import translate
 from kvstore.serving import convert
 from kvstore.serving.config import ServingConfig, build_engine
@@ -97,11 +97,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="prefill_node", description=__doc__.splitlines()[0])
     add_common_args(parser)
     args = parser.parse_args(argv)
-    process_config(args).apply()
-    config = serving_config(args, "prefill")
-    store = open_store(args)
+    try:
+        process_config(args).apply()
+        config = serving_config(args, "prefill")
+        store = open_store(args)
+    except (KVStoreError, OSError, ValueError) as exc:
+        parser.error(str(exc))
     if store is None:
-        raise BadRequestError("a prefill node needs --master (or --local-store-bytes)")
+        parser.error("a prefill node needs --master (or --local-store-bytes)")
 
     async def run() -> None:
         node, servicer = await serve(config, store, args.listen)

@@ -116,7 +116,10 @@ class ProcessConfig:
 
     def apply(self) -> None:
         if self.cpus:
-            os.sched_setaffinity(0, set(self.cpus))
+            try:
+                os.sched_setaffinity(0, set(self.cpus))
+            except OSError as exc:
+                raise BadRequestError(f"cannot pin to cpus {list(self.cpus)}: {exc}") from exc
         if self.torch_threads > 0:
             torch.set_num_threads(self.torch_threads)
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.rpc_errors import status_for
-from kvstore.serving.config import ProcessConfig, ServingConfig, parse_cpus
+from kvstore.serving.config import MODELS, ProcessConfig, ServingConfig, parse_cpus
 from kvstore.serving.store import BlockStore, LocalBlockStore, PoolBlockStore
 
 GRPC_OPTIONS = [
@@ -37,7 +37,7 @@ GRPC_OPTIONS = [
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--listen", default="127.0.0.1:0", help="host:port (port 0 picks a free one)")
-    add("--model", default="tiny", help="model id: tiny | small")
+    add("--model", default="tiny", choices=sorted(MODELS), help="model id")
     add("--seed", type=int, default=0, help="weight seed (all nodes must agree)")
     add("--master", default="", help="master host:port of the KV pool")
     add("--transport", default="auto", help="pool data plane: auto | shm | tcp | nixl")
