@@ -4,9 +4,9 @@ Host a runs the master and a client driver, hosts b and c a storage node each, a
 host c a second client driver. Every process has its namespace as KVSTORE_HOST_ID,
 so between hosts "auto" must move bytes by TCP, never shared memory (which the
 namespaces still share), while a client reading its own host's replica uses shm.
-The partition test (on a pool of its own) cuts b off the switch: reads fail over or
-fail typed, in bounded time, and the master declares b dead after its node TTL and
-drops its replicas.
+The lost-host tests (each on a pool of its own) cut b off the switch or kill its
+node: reads fail over or fail typed, in bounded time, and the master declares b
+dead after its node TTL and drops its replicas.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Hosts:
     """The running pool: node ids, and the client drivers of hosts a and c."""
 
     net: Network
+    pool: Pool
     node_b: str
     node_c: str
     on_a: DriverClient
@@ -79,11 +80,12 @@ def running_pool(workdir: Path) -> Iterator[Hosts]:
             node_c = pool.start_node("c", dram_mib=48)
             on_a, on_c = pool.start_driver("a"), pool.start_driver("c")
             pool.wait_ready()
-            yield Hosts(net, node_b, node_c, on_a, on_c, workdir)
+            yield Hosts(net, pool, node_b, node_c, on_a, on_c, workdir)
         finally:
             net.close()
             for path in glob.glob(f"/dev/shm/kvs-node-*-{net.tag}-*"):  # left by killed nodes
-                os.unlink(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +172,9 @@ def test_exact_bytes_across_hosts_by_tcp(hosts: Hosts, label: str) -> None:
     assert hosts.on_c.transfers() - before == Counter(shm=1)
 
 
-def test_partitioned_host_fails_over_fails_typed_and_is_dropped(fresh_hosts: Hosts) -> None:
+@pytest.mark.parametrize("cut", ["partition", "kill"])
+def test_lost_host_fails_over_fails_typed_and_is_dropped(fresh_hosts: Hosts, cut: str) -> None:
+    """b vanishes: packets silently dropped (partition) or its node SIGKILLed (refused)."""
     h = fresh_hosts
     b, c = h.node_b, h.node_c
     data = h.put(h.on_a, "part-rep", 1 << 20, replicas=2)
@@ -178,7 +182,10 @@ def test_partitioned_host_fails_over_fails_typed_and_is_dropped(fresh_hosts: Hos
     assert h.holders() == {"part-rep": [b, c], "part-onb": [b]}  # most free first: b
     assert (h.stats()["dead_nodes"], h.stats()["dropped_replicas"]) == (0, 0)
 
-    h.net.partition("b")
+    if cut == "partition":
+        h.net.partition("b")
+    else:
+        h.pool.nodes[b].popen.kill()
 
     sent = h.on_a.transfers()
     start = time.monotonic()
