@@ -186,6 +186,20 @@ def test_unknown_policy_is_invalid_argument_listing_valid_names(procs: Procs) ->
     assert all(name in err.value.details() for name in POLICIES)
 
 
+def test_bad_requests_map_to_their_status(procs: Procs) -> None:
+    stub = conductor_pb2_grpc.ConductorStub(channel := procs.channel())
+    with channel:
+        cases = {
+            grpc.StatusCode.INVALID_ARGUMENT: make_spec("bad-0", PROMPT, 0),  # max_tokens 0
+            grpc.StatusCode.NOT_FOUND: make_spec("bad-m", PROMPT, 2, model_id="small"),
+        }
+        for code, spec in cases.items():
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Generate(cpb.ConductorGenerateRequest(spec=spec), timeout=30))
+            assert err.value.code() == code, err.value.details()
+    assert "no serving node serves model 'small'" in err.value.details()
+
+
 def test_impossible_objective_is_rejected_with_no_retry(procs: Procs) -> None:
     slo = cpb.Objectives(ttft_s=1e-9)
     with procs.channel() as channel, pytest.raises(grpc.RpcError) as err:
