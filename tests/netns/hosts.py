@@ -14,14 +14,17 @@ subnet exists only inside, so parallel runs cannot collide. Names are
 deleted at the next start. Processes run by `ip netns exec` with KVSTORE_HOST_ID =
 their namespace, so kvstore treats them as distinct machines (TCP between them,
 never shm) although they share /dev/shm. `close()` stops every process it started,
-then deletes the namespaces (which deletes their links), even after a failure.
+then deletes the namespaces (which deletes their links), even after a failure;
+its processes also die with the test process if that is killed outright.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
+import signal
 import subprocess
 import time
 import uuid
@@ -36,6 +39,12 @@ PREFIX = "kvsnet"
 SUBNET = "10.213.7"  # a /24 that exists only inside the namespaces
 IP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 2.0
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL it when the test process dies (even by SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def ip(*args: str) -> None:
@@ -190,7 +199,7 @@ class Network:
             popen = subprocess.Popen(
                 ["ip", "netns", "exec", h.netns, *args],
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=err, env=h.env(),
+                stdout=subprocess.PIPE, stderr=err, env=h.env(), preexec_fn=die_with_parent,
             )  # fmt: skip
         proc = Proc(name, h, popen, LineReader(popen.stdout), log)
         self.procs.append(proc)
