@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_gpu = None if _has_cuda() else pytest.mark.skip(reason="no CUDA device here")
     skip_netns = None if _can_netns() else pytest.mark.skip(reason="needs root and ip netns")
     for item in items:
-        if skip_gpu and "gpu" in item.keywords:
+        if skip_gpu and item.get_closest_marker("gpu"):
             item.add_marker(skip_gpu)
-        if skip_netns and "netns" in item.keywords:
+        if skip_netns and item.get_closest_marker("netns"):
             item.add_marker(skip_netns)
