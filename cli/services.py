@@ -24,15 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_master(sub: argparse._SubParsersAction) -> None:
+    from kvstore.master.launch import add_arguments
+
     p = sub.add_parser("master", help="run the metadata master (gRPC)")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 = any)")
-    p.add_argument("--db", default=None, help="RocksDB journal directory (restart keeps objects)")
-    p.add_argument("--lease-ttl-s", type=float, default=5.0, help="default read lease")
-    p.add_argument("--node-ttl-s", type=float, default=10.0, help="silent nodes die after")
-    p.add_argument("--heartbeat-s", type=float, default=2.0, help="interval asked of nodes")
-    p.add_argument("--put-timeout-s", type=float, default=30.0, help="uncommitted puts expire")
-    p.add_argument("--high-watermark", type=float, default=0.95, help="evict above (fraction)")
-    p.add_argument("--low-watermark", type=float, default=0.85, help="evict down to (fraction)")
+    add_arguments(p)
     p.set_defaults(handler=run_master_cmd)
 
 
@@ -64,19 +59,10 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def run_master_cmd(args: argparse.Namespace) -> int:
-    from kvstore.master.server import run_master
+    """The same process as `python -m kvstore.master` (flags in kvstore.master.launch)."""
+    from kvstore.master.launch import run_from_args
 
-    run_master(
-        args.listen,
-        args.db,
-        default_lease_ttl_s=args.lease_ttl_s,
-        node_ttl_s=args.node_ttl_s,
-        heartbeat_interval_s=args.heartbeat_s,
-        put_timeout_s=args.put_timeout_s,
-        high_watermark=args.high_watermark,
-        low_watermark=args.low_watermark,
-    )
-    return 0
+    return run_from_args(args)
 
 
 def run_node_cmd(args: argparse.Namespace) -> int:

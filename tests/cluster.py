@@ -117,14 +117,12 @@ class Cluster:
         listen = self.address or "127.0.0.1:0"
         opts = {"node_ttl_s": 2.0, "heartbeat_interval_s": 0.2, "tick_interval_s": 0.05}
         opts.update(self.master_options)
-        code = (
-            "from kvstore.master.server import run_master\n"
-            f"run_master({listen!r}, {self.db_path!r}, **{opts!r})\n"
-        )
+        args = [sys.executable, "-m", "kvstore.master", "--listen", listen]
+        args += ["--db", self.db_path] if self.db_path else []
+        for name, value in opts.items():
+            args += ["--set", f"{name}={value}"]
         log = open(self.workdir / "master.log", "ab")  # noqa: SIM115 - the child owns it
-        self.master = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=log, env=child_env()
-        )
+        self.master = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=child_env())
         log.close()
         line = _read_line(self.master, b"kvstore master listening on ", START_TIMEOUT_S)
         self.address = line.split()[4].decode()

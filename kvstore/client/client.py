@@ -134,7 +134,7 @@ class Client:
         return self.run(self._ops.batch_get_into(keys, outs))
 
     def exists(self, key: str) -> bool:
-        """Whether `key` is committed (a 1 ms lease is its only side effect)."""
+        """Whether `key` is committed (no side effect: no lease, no LRU touch)."""
         return self.run(self._ops.batch_exists([key]))[0]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:

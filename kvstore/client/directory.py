@@ -2,7 +2,8 @@
 
 A Location names (node, tier, segment, offset, length); the data plane needs the
 node's TCP endpoint and host id (Stats.nodes) and the segment's size (Stats.segments).
-DRAM segments are /dev/shm files named like the segment: same-host clients map them.
+Segments their node mounted with `shm` set are /dev/shm files named like the segment:
+same-host clients map them.
 The cache is refreshed from Stats when a location is unknown (a new node or segment).
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from kvstore.errors import BadRequestError
 from kvstore.transfer.base import SegmentDescriptor
-from kvstore.types import Location, Tier
+from kvstore.types import Location
 from kvstore.v1 import master_pb2
 
 
@@ -46,7 +47,7 @@ class SegmentDirectory:
             try:
                 descs[(seg.node_id, seg.segment)] = SegmentDescriptor(
                     name=seg.segment, size=seg.capacity, host_id=node.host_id,
-                    endpoint=node.tcp_address, shm=seg.tier == Tier.DRAM,
+                    endpoint=node.tcp_address, shm=seg.shm,
                 )  # fmt: skip
             except BadRequestError:
                 continue  # an endpoint we cannot parse: that segment stays unreachable

@@ -139,8 +139,8 @@ class ClientOps:
     # -- queries and admin ----------------------------------------------------
 
     def batch_size_of(self, keys: Sequence[str]) -> Op[list[int | None]]:
-        """Sizes of committed keys (None when absent), leasing them for 1 ms only."""
-        found = yield from lookup_op(self.ctx, self._keys(keys), 1)
+        """Sizes of committed keys (None when absent); a pure query (no lease, no LRU touch)."""
+        found = yield from lookup_op(self.ctx, self._keys(keys), 0)
         out: list[int | None] = []
         for res in found:
             err = error_for(res.status.code, res.status.message)

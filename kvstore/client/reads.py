@@ -28,8 +28,11 @@ Target = Callable[[int, int], memoryview | KVStoreError]
 def lookup_op(
     ctx: OpContext, keys: Sequence[str], lease_ms: int
 ) -> Op[list[master_pb2.LookupResult]]:
-    """One BatchLookup; a LookupResult per key."""
-    request = master_pb2.BatchLookupRequest(keys=keys, lease_ttl_ms=lease_ms)
+    """One BatchLookup; a LookupResult per key. `lease_ms` 0 = a pure query (no lease)."""
+    if lease_ms:
+        request = master_pb2.BatchLookupRequest(keys=keys, lease_ttl_ms=lease_ms)
+    else:
+        request = master_pb2.BatchLookupRequest(keys=keys, no_lease=True)
     reply = yield Rpc("BatchLookup", request)
     return list(reply.results)
 

@@ -86,7 +86,7 @@ class RocksJournal:
 
     def save_segment(self, seg: Segment) -> None:
         rec = {"node": seg.node_id, "name": seg.name, "tier": int(seg.tier)}
-        rec.update(capacity=seg.capacity, alignment=seg.alignment)
+        rec.update(capacity=seg.capacity, alignment=seg.alignment, shm=seg.shm)
         self._put(_SEG + _seg_key(seg.node_id, seg.name), rec)
 
     def drop_segment(self, node_id: str, name: str) -> None:

@@ -49,9 +49,13 @@ class NodeRegistry:
         return node
 
     def mount(
-        self, node_id: str, name: str, tier: Tier, capacity: int, alignment: int
-    ) -> tuple[Segment, bool]:
-        """Mount a segment; (segment, False) when the same one was already mounted."""
+        self, node_id: str, name: str, tier: Tier, capacity: int, alignment: int,
+        shm: bool = False,
+    ) -> tuple[Segment, bool]:  # fmt: skip
+        """Mount a segment; (segment, changed): False when the same one was already mounted.
+
+        A remount with the same geometry only updates the `shm` flag (how the node
+        serves it, not where the master allocates)."""
         self.node(node_id)
         if not name:
             raise BadRequestError("segment name must not be empty")
@@ -63,11 +67,13 @@ class NodeRegistry:
         old = self.segments.get((node_id, name))
         if old is not None:
             if (old.tier, old.capacity, old.alignment) == (tier, usable, alignment):
-                return old, False
+                changed, old.shm = old.shm != shm, shm
+                return old, changed
             raise ExistsError(f"segment {name!r} of {node_id!r} is mounted with other geometry")
         seg = Segment(
-            node_id, name, Tier(tier), usable, alignment, self._factory(usable, alignment)
-        )
+            node_id, name, Tier(tier), usable, alignment, self._factory(usable, alignment),
+            shm=shm,
+        )  # fmt: skip
         self.segments[(node_id, name)] = seg
         return seg, True
 

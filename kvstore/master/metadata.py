@@ -62,11 +62,13 @@ class MasterState:
         self.registry.heartbeat(node_id, self.clock())
 
     def mount_segment(
-        self, node_id: str, name: str, tier: Tier, capacity: int, alignment: int = 0
-    ) -> Segment:
+        self, node_id: str, name: str, tier: Tier, capacity: int, alignment: int = 0,
+        shm: bool = False,
+    ) -> Segment:  # fmt: skip
+        """Mount (or remount) a segment; `shm`: same-host peers may map it by name."""
         align = alignment or self.config.default_alignment
-        seg, new = self.registry.mount(node_id, name, tier, capacity, align)
-        if new:
+        seg, changed = self.registry.mount(node_id, name, tier, capacity, align, shm)
+        if changed:
             self.journal.save_segment(seg)
         return seg
 
@@ -218,6 +220,18 @@ class MasterState:
         self.groups.touch(obj.group)
         return obj
 
+    def peek(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        """COMPLETE objects of `keys` with no side effect: no lease, LRU touch or counter."""
+        return [self._peek_one(key) for key in keys]
+
+    def _peek_one(self, key: str) -> ObjectMeta | KVStoreError:
+        obj = self.objects.get(key)
+        if obj is None:
+            return NotFoundError(f"unknown key {key!r}")
+        if obj.state is not ObjectState.COMPLETE:
+            return NotReadyError(f"{key!r} is still being written")
+        return obj
+
     def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyError_]:
         """Remove committed keys; leased or pinned ones only with `force`."""
         now = self.clock()
@@ -345,8 +359,9 @@ class MasterState:
             self.registry.register(rec["id"], endpoint, now)
         for rec in snap.segments:
             self.registry.mount(
-                rec["node"], rec["name"], Tier(rec["tier"]), rec["capacity"], rec["alignment"]
-            )
+                rec["node"], rec["name"], Tier(rec["tier"]), rec["capacity"], rec["alignment"],
+                rec.get("shm", False),
+            )  # fmt: skip
         for rec in snap.objects:
             self._restore_object(rec, now)
         return len(self.objects)

@@ -81,6 +81,7 @@ class Segment:
     allocator: SpaceAllocator
     keys: set[str] = field(default_factory=set)
     counters: SegmentCounters = field(default_factory=SegmentCounters)
+    shm: bool = False  # a /dev/shm file same-host peers may map by name (as the node said)
 
     @property
     def used(self) -> int:

@@ -95,6 +95,7 @@ class SegmentReport:
     replicas: int  # replicas placed here, WRITING ones included
     objects: int  # COMPLETE objects with a replica here
     counters: SegmentCounters
+    shm: bool = False  # same-host peers may map it by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,5 +127,5 @@ def _segment_report(state: MasterState, seg: Segment) -> SegmentReport:
     complete = sum(1 for k in seg.keys if state.objects[k].state is ObjectState.COMPLETE)
     return SegmentReport(
         seg.node_id, seg.name, seg.tier, seg.capacity, seg.used, len(seg.keys), complete,
-        replace(seg.counters),
+        replace(seg.counters), seg.shm,
     )  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import uuid
 from dataclasses import dataclass, replace
 
@@ -88,14 +89,20 @@ async def _tick_forever(state: MasterState, interval_s: float) -> None:
 
 
 def run_master(listen: str, db_path: str | None = None, **overrides: float) -> None:
-    """Blocking entry point (for `kvstore master`): serve until interrupted."""
+    """Blocking entry point (for `kvstore master`): serve until SIGINT or SIGTERM (signal
+    handlers need the main thread; elsewhere, until KeyboardInterrupt), then stop cleanly."""
     config = replace(MasterConfig(listen=listen, db_path=db_path), **overrides)
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
         handle = await serve(config)
         print(f"kvstore master listening on {handle.address} epoch {handle.epoch}", flush=True)
         try:
-            await handle.server.wait_for_termination()
+            await stop.wait()
         finally:
             await handle.stop()
 

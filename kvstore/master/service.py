@@ -84,7 +84,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise BadRequestError(f"unknown tier {request.tier}")
         self.state.mount_segment(
             request.node_id, request.segment, Tier(request.tier), request.capacity,
-            request.alignment,
+            request.alignment, request.shm,
         )  # fmt: skip
         return master_pb2.MountSegmentResponse()
 
@@ -136,9 +136,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.BatchLookupRequest, context: Ctx
     ) -> master_pb2.BatchLookupResponse:
         self._check_batch(len(request.keys))
-        found, ttl = self.state.lookup(
-            request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
-        )
+        if request.no_lease:
+            found, ttl = self.state.peek(request.keys), 0.0
+        else:
+            found, ttl = self.state.lookup(
+                request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
+            )
         parts = [_as_result_field(_lookup_wire(r)) for r in found]
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
@@ -258,7 +261,7 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
             node_id=g.node_id, segment=g.name, tier=int(g.tier), capacity=g.capacity,
             used=g.used, replicas=g.replicas, hits=g.counters.hits,
             evictions=g.counters.evictions, bytes_in=g.counters.bytes_in,
-            bytes_out=g.counters.bytes_out, objects=g.objects,
+            bytes_out=g.counters.bytes_out, objects=g.objects, shm=g.shm,
         )
         for g in s.segments
     ]  # fmt: skip
@@ -268,4 +271,5 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
         capacity=s.capacity, used=s.used, hits=c.hits, misses=c.misses,
         evictions=c.evictions, reclaimed_puts=c.reclaimed_puts, dead_nodes=c.dead_nodes,
         dropped_replicas=c.dropped_replicas, master_epoch=epoch,
+        complete=s.objects - s.writing,
     )  # fmt: skip

@@ -30,11 +30,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class MountSpec:
-    """One segment to mount: its name, tier and capacity in bytes."""
+    """One segment to mount: its name, tier, capacity in bytes, and whether it is a
+    /dev/shm file same-host peers may map by name."""
 
     name: str
     tier: Tier
     capacity: int
+    shm: bool = False
 
 
 class Membership:
@@ -85,7 +87,7 @@ class Membership:
                 "MountSegment",
                 master_pb2.MountSegmentRequest(
                     node_id=self.node_id, segment=spec.name, tier=int(spec.tier),
-                    capacity=spec.capacity, alignment=self._alignment,
+                    capacity=spec.capacity, alignment=self._alignment, shm=spec.shm,
                 ),
             )  # fmt: skip
         self.epoch = reg.master_epoch

@@ -73,7 +73,7 @@ class StorageNode:
         cfg = self.config
         self._channel = master_channel(cfg.master, cfg.credentials)
         endpoint = common_pb2.NodeEndpoint(tcp_address=self.endpoint, shm_host_id=local_host_id())
-        mounts = [MountSpec(s.name, s.tier, s.size) for s in self.segments]
+        mounts = [MountSpec(s.name, s.tier, s.size, s.shm) for s in self.segments]
         self.membership = Membership(
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
             heartbeat_s=cfg.heartbeat_s, alignment=cfg.alignment,

@@ -54,18 +54,20 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, master_epoch: _Optional[str] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "segment", "tier", "capacity", "alignment")
+    __slots__ = ("node_id", "segment", "tier", "capacity", "alignment", "shm")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment: str
     tier: _common_pb2.Tier
     capacity: int
     alignment: int
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., alignment: _Optional[int] = ...) -> None: ...
+    shm: bool
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., alignment: _Optional[int] = ..., shm: _Optional[bool] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ()
@@ -158,14 +160,16 @@ class PutRevokeResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
 
 class BatchLookupRequest(_message.Message):
-    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms")
+    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms", "no_lease")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     lease_ttl_ms: int
     pin_ttl_ms: int
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ...) -> None: ...
+    no_lease: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: _Optional[bool] = ...) -> None: ...
 
 class LookupResult(_message.Message):
     __slots__ = ("status", "size", "replicas", "group")
@@ -232,7 +236,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas", "hits", "evictions", "bytes_in", "bytes_out", "objects")
+    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas", "hits", "evictions", "bytes_in", "bytes_out", "objects", "shm")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +248,7 @@ class SegmentStats(_message.Message):
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment: str
     tier: _common_pb2.Tier
@@ -255,7 +260,8 @@ class SegmentStats(_message.Message):
     bytes_in: int
     bytes_out: int
     objects: int
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
+    shm: bool
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ..., shm: _Optional[bool] = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("node_id", "endpoint", "ms_since_heartbeat")
@@ -268,7 +274,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., ms_since_heartbeat: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch")
+    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete")
     NODES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +288,7 @@ class StatsResponse(_message.Message):
     DEAD_NODES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
     objects: int
@@ -295,7 +302,8 @@ class StatsResponse(_message.Message):
     dead_nodes: int
     dropped_replicas: int
     master_epoch: str
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ...) -> None: ...
+    complete: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "prefix")

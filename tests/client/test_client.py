@@ -100,8 +100,11 @@ def test_exists_size_remove(client, fresh) -> None:
     key = fresh()
     assert not client.exists(key) and client.size_of(key) is None
     client.put(key, b"12345")
+    hits = client.stats()["hits"]
     assert client.exists(key) and client.size_of(key) == 5
-    assert client.remove(key, force=True) is True
+    assert client.batch_exists([key, fresh("other")]) == [True, False]
+    assert client.stats()["hits"] == hits  # pure queries: no lease, no hit counted
+    assert client.remove(key) is True  # not leased, so no force needed
     assert client.remove(key) is False
     with pytest.raises(NotFoundError):
         client.get(key)

@@ -92,6 +92,8 @@ def test_node_joins_serves_and_leaves(master: Cluster, tmp_path: Path) -> None:
             dram.name: (Tier.DRAM, 1 << 20),
             ssd.name: (Tier.SSD, 1 << 19),
         }
+        shm = {g.segment: g.shm for g in master.stats().segments if g.node_id == "inproc"}
+        assert shm == {dram.name: True, ssd.name: False}  # /dev/shm-backed: mappable
         listed = [n for n in master.stats().nodes if n.node_id == "inproc"]
         assert listed[0].endpoint.tcp_address == node.endpoint
         data = np.frombuffer(os.urandom(5000), dtype=np.uint8).copy()

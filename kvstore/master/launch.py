@@ -1,0 +1,84 @@
+"""Command-line arguments of a master process, shared by `python -m kvstore.master` and
+`kvstore master`:
+
+    python -m kvstore.master --listen 127.0.0.1:0 [--db PATH] [--lease-ttl-s 5] \
+        [--set tick_interval_s=0.05 --set max_batch=1000 ...]
+
+`--set NAME=VALUE` reaches every numeric MasterConfig field the named flags do not.
+The process prints one ready line, "kvstore master listening on HOST:PORT epoch E".
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import fields
+
+from kvstore.master.config import MasterConfig
+
+# flag -> MasterConfig field, for the knobs an operator sets most.
+_NAMED = {
+    "lease_ttl_s": "default_lease_ttl_s",
+    "node_ttl_s": "node_ttl_s",
+    "heartbeat_s": "heartbeat_interval_s",
+    "put_timeout_s": "put_timeout_s",
+    "high_watermark": "high_watermark",
+    "low_watermark": "low_watermark",
+}
+_DEFAULTS = MasterConfig()
+# Numeric fields settable with --set (listen and db_path have their own flags).
+SETTABLE = {
+    f.name: type(getattr(_DEFAULTS, f.name))
+    for f in fields(MasterConfig)
+    if isinstance(getattr(_DEFAULTS, f.name), int | float)
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The master's flags on `p` (defaults are MasterConfig's)."""
+    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 = any)")
+    p.add_argument("--db", default=None, help="RocksDB journal directory (restart keeps objects)")
+    d = _DEFAULTS
+    p.add_argument("--lease-ttl-s", type=float, default=d.default_lease_ttl_s, help="read lease")
+    p.add_argument("--node-ttl-s", type=float, default=d.node_ttl_s, help="silent nodes die after")
+    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_interval_s, help="node beat")
+    p.add_argument("--put-timeout-s", type=float, default=d.put_timeout_s, help="puts expire")
+    p.add_argument("--high-watermark", type=float, default=d.high_watermark, help="evict above")
+    p.add_argument("--low-watermark", type=float, default=d.low_watermark, help="evict down to")
+    p.add_argument("--log-level", default="WARNING", help="logging level of the process")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE",
+        help=f"any other MasterConfig field: {', '.join(sorted(SETTABLE))}",
+    )  # fmt: skip
+
+
+def overrides(args: argparse.Namespace) -> dict[str, float]:
+    """MasterConfig fields from parsed flags (--set wins over a named flag)."""
+    out: dict[str, float] = {field: getattr(args, flag) for flag, field in _NAMED.items()}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or name not in SETTABLE:
+            raise SystemExit(f"bad --set {item!r}: want NAME=VALUE, NAME one of {sorted(SETTABLE)}")
+        try:
+            out[name] = SETTABLE[name](value)
+        except ValueError:
+            raise SystemExit(
+                f"bad --set {item!r}: {value!r} is not a {SETTABLE[name].__name__}"
+            ) from None
+    return out
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM with the configuration `args` describe."""
+    from kvstore.master.server import run_master
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+
+    run_master(args.listen, args.db, **overrides(args))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvstore.master", description=__doc__)
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
