@@ -46,8 +46,8 @@ def sizes_for(model: str, quick: bool) -> BenchSizes:
         first_burst_s=1.0,
     )
     light = MixSpec(
-        duration_s=3.0 if quick else 8.0,
-        stream_every_s=1.0,
+        duration_s=4.8 if quick else 9.6,
+        stream_every_s=0.6,
         stream_prompt=64,
         stream_tokens=16,
         seed=1,
@@ -58,6 +58,7 @@ def sizes_for(model: str, quick: bool) -> BenchSizes:
         light=light,
         long_prompt=2048,
         long_count=0 if quick else 1,
+        light_parts=4,
         reference_prefill_s=0.5 if model == "small" else 0.05,
     )
 

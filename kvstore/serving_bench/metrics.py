@@ -113,6 +113,7 @@ class Summary:
     tbt: Dist
     prefill_ttft: Dist
     compute: Dist  # prefill compute on the node that prefilled
+    handoff: Dist  # disaggregated: prefill response -> first token from the decode node
     kv_fraction: Dist
     kv_exposed: Dist
     kv_bytes: int
@@ -125,6 +126,7 @@ class Summary:
             "tbt_ms": self.tbt.as_dict(),
             "prefill_ttft_ms": self.prefill_ttft.as_dict(),
             "prefill_compute_ms": self.compute.as_dict(),
+            "handoff_ms": self.handoff.as_dict(),
             "kv_fraction": self.kv_fraction.as_dict(scale=1.0),
             "kv_exposed_fraction": self.kv_exposed.as_dict(scale=1.0),
             "kv_bytes": self.kv_bytes,
@@ -145,15 +147,15 @@ def summarize(records: Iterable[RequestRecord], kinds: Sequence[str] = ()) -> Su
     chosen = [r for r in records if not kinds or r.kind in kinds]
     ok = [r for r in chosen if r.ok]
     fractions = [f for r in ok if (f := kv_fractions(r)) is not None]
+    handoff = [r for r in ok if r.prefill_done_s is not None]
     return Summary(
         requests=len(chosen),
         failed=len(chosen) - len(ok),
         ttft=Dist.of([r.ttft_s for r in ok]),
         tbt=Dist.of([gap for r in ok for gap in r.tbt_s()]),
-        prefill_ttft=Dist.of(
-            [r.prefill_done_s - r.sent_s for r in ok if r.prefill_done_s is not None]
-        ),
+        prefill_ttft=Dist.of([r.prefill_done_s - r.sent_s for r in handoff]),
         compute=Dist.of([r.compute_s for r in ok if r.compute_s > 0]),
+        handoff=Dist.of([r.token_s[0] - r.prefill_done_s for r in handoff]),
         kv_fraction=Dist.of([f[0] for f in fractions]),
         kv_exposed=Dist.of([f[1] for f in fractions]),
         kv_bytes=sum(r.kv_bytes for r in ok),

@@ -135,6 +135,11 @@ def render_table(report: dict[str, Any]) -> str:
             )
         pre = fig.get("burst_prefill_ms", {}).get("p50")
         lines.append(f"{'':<14}long-prompt prefill p50 {_cell(pre, ' ms')}")
+    handoff = _p(report["disaggregated"], "light", "handoff_ms", "p50")
+    lines.append(
+        f"light load, disaggregated: prefill response -> first streamed token (decode RPC + "
+        f"KV pull) p50 {_cell(handoff, ' ms')}"
+    )
     long = report["disaggregated"].get("long")
     if long:
         frac = long["kv_fraction"]["p50"]

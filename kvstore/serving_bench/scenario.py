@@ -7,8 +7,9 @@ interleaved, records per mode and phase.
 
 All six serving processes start at once and stay up; only one mode is driven at a
 time (an idle node sleeps on a condition), and the modes alternate phase by phase
-(stream, burst, light; order flipped each round), so a shared host's load, which
-drifts by the minute, weighs on both modes alike. Phases: `stream` (the
+(stream, burst; order flipped each round), so a shared host's load, which drifts
+by the minute, weighs on both modes alike; the light phase alternates in short
+blocks of a few requests. Phases: `stream` (the
 decode-heavy stream alone: the no-burst baseline), `burst` (the same stream plus
 bursts of long prompts), `light` (short prompts at light load), and finally on the
 disaggregated cluster `long` (very long prompts alone: KV handoff vs prefill).
@@ -49,6 +50,7 @@ class BenchSizes:
     long_count: int
     reference_prompt: int = 256
     reference_prefill_s: float = 0.5
+    light_parts: int = 4
     max_slowdown: float = 3.0
     storage_mib: int = 512
     block_tokens: int = 16
@@ -60,8 +62,8 @@ class BenchSizes:
             raise BadRequestError("bad long-prompt probe or storage size")
         if self.reference_prompt < 1 or self.reference_prefill_s <= 0:
             raise BadRequestError("bad reference prompt")
-        if self.max_slowdown < 1:
-            raise BadRequestError("max_slowdown must be >= 1")
+        if self.max_slowdown < 1 or self.light_parts < 1:
+            raise BadRequestError("max_slowdown and light_parts must be >= 1")
 
     def phases(
         self, slowdown: float, round_index: int = 0, rounds: int = 1
@@ -80,8 +82,13 @@ class BenchSizes:
         return {
             "stream": mixed_schedule(heavy.without_bursts()),
             "burst": mixed_schedule(heavy),
-            "light": mixed_schedule(part(self.light)),
         }
+
+    def light_blocks(self, slowdown: float, blocks: int) -> list[list[Arrival]]:
+        """The light phase cut into `blocks` schedules (fresh prompts each)."""
+        light = self.light.slowed(slowdown)
+        light = replace(light, duration_s=light.duration_s / blocks)
+        return [mixed_schedule(replace(light, seed=light.seed + 1000 * b)) for b in range(blocks)]
 
     def long_probe(self) -> list[Arrival]:
         rng = random.Random(self.heavy.seed + 7)
@@ -191,6 +198,10 @@ async def _bench(
                 for mode in MODES if r % 2 == 0 else MODES[::-1]:
                     progress(f"round {r + 1}/{rounds} {mode} {name}")
                     run.runs[mode].add(name, await drive(arrivals, targets[mode]))
+        progress(f"light load, {sizes.light_parts} alternating blocks per mode")
+        for b, arrivals in enumerate(sizes.light_blocks(factor, sizes.light_parts)):
+            for mode in MODES if b % 2 == 0 else MODES[::-1]:
+                run.runs[mode].add("light", await drive(arrivals, targets[mode]))
         if sizes.long_count:
             progress("disaggregated long-prompt KV handoff probe")
             probe = await drive(sizes.long_probe(), targets["disaggregated"])
