@@ -14,13 +14,19 @@ process holding the segment) when `mooncake` imports. Each kv row is also shown
 against the Mooncake row of the same size and op: target >= 3x.
 
     python bench/transfer.py [--quick] [--json] [--connections 4] [--no-stores]
+    python -m bench.transfer --quick --json     # stdout: exactly one JSON object
+
+With --json, everything else written to stdout while measuring (NIXL's and
+Mooncake's logs, from C as well as Python, and from child processes) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import struct
@@ -29,18 +35,28 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
-from transfer_stores import (
-    Pools,
-    kvstore_runners,
-    mooncake_available,
-    mooncake_runners,
-    start_pools,
-)
+
+try:  # python -m bench.transfer
+    from bench.transfer_stores import (
+        Pools,
+        kvstore_runners,
+        mooncake_available,
+        mooncake_runners,
+        start_pools,
+    )
+except ImportError:  # python bench/transfer.py (bench/ is on sys.path)
+    from transfer_stores import (  # type: ignore[no-redef]
+        Pools,
+        kvstore_runners,
+        mooncake_available,
+        mooncake_runners,
+        start_pools,
+    )
 
 from kvstore.transfer.base import SegmentDescriptor, TransferOp, TransferRequest, raise_first
 from kvstore.transfer.nixl import nixl_available
@@ -286,6 +302,20 @@ def run_all(ctx: Ctx, kinds: list[str]) -> list[Row]:
     return rows + versus_mooncake(rows)
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Point fd 1 at stderr for the block (C libraries and children inherit it)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="transfer engine bench")
     parser.add_argument("--quick", action="store_true", help="64 MiB per run, 3 repeats")
@@ -293,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--no-stores", action="store_true", help="transports and baselines only")
     args = parser.parse_args(argv)
+    quiet = stdout_to_stderr() if args.json else contextlib.nullcontext()
+    with quiet:
+        rows, plan = measure_all(args)
+    if args.json:
+        out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
+        targets = {"target": TARGET, "mooncake_target": MOONCAKE_TARGET}
+        print(json.dumps({"bench": "transfer", **plan, **targets, "rows": out}))
+    else:
+        print_table(rows)
+    return 0
+
+
+def measure_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
+    """Start the servers and pools, measure every row, stop them; (rows, plan)."""
     total, repeats = (64 * MiB, 3) if args.quick else (256 * MiB, 7)
     kinds = ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
     spawn = mp.get_context("spawn")
@@ -314,14 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(10)
-    if args.json:
-        out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
-        plan = {"total": total, "repeats": repeats, "connections": args.connections}
-        targets = {"target": TARGET, "mooncake_target": MOONCAKE_TARGET}
-        print(json.dumps({"bench": "transfer", **plan, **targets, "rows": out}))
-    else:
-        print_table(rows)
-    return 0
+    return rows, {"total": total, "repeats": repeats, "connections": args.connections}
 
 
 if __name__ == "__main__":

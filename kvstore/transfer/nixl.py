@@ -5,13 +5,19 @@ says whether it can be. A process that serves memory calls `expose(name, buf)`:
 the segment descriptor then carries `nixl_meta` = base address (u64 LE) + this
 agent's metadata, which an initiator loads with `add_remote_agent`. Each submit
 posts one NIXL transfer per remote agent and polls it to completion in a thread.
+
+NIXL logs INFO lines to stdout on import and per agent; unless the user set
+NIXL_LOG_LEVEL, the import here asks for warnings only, and NIXL's console
+handler is moved to stderr (a library must not write on a program's stdout).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -40,12 +46,22 @@ _MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
 
 @cache
 def _nixl_api() -> Any | None:
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")  # read once, when NIXL sets up logging
     for module in _MODULES:
         try:
-            return importlib.import_module(module)
+            api = importlib.import_module(module)
         except ImportError:
             continue
+        _log_to_stderr(logging.getLogger("nixl"))
+        return api
     return None
+
+
+def _log_to_stderr(logger: logging.Logger) -> None:
+    """Move `logger`'s stdout stream handlers to stderr."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
 
 
 def nixl_available() -> bool:
