@@ -3,6 +3,8 @@ processes, and a recording / fault-injecting store."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import subprocess
 import sys
@@ -71,7 +73,6 @@ class NodeProcess:
             [*cmd, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
             env=child_env(),
         )
         self._address = ""
@@ -83,25 +84,36 @@ class NodeProcess:
         return self._address
 
     def _await_address(self, timeout_s: float) -> str:
+        """Raw reads of the pipe (a buffered readline would hide lines from select)."""
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout_s
-        seen: list[str] = []
+        buf = b""
         while (left := deadline - time.monotonic()) > 0:
-            if not select.select([self.proc.stdout], [], [], left)[0]:
+            if not select.select([fd], [], [], left)[0]:
                 break
-            line = self.proc.stdout.readline()
-            if not line:  # exited
+            chunk = os.read(fd, 4096)
+            if not chunk:  # exited
                 break
-            seen.append(line)
-            if " listening on " in line:
-                return line.rsplit(" ", 1)[1].strip()
+            buf += chunk
+            for line in buf.split(b"\n")[:-1]:
+                if b" listening on " in line:
+                    threading.Thread(target=_drain, args=(fd,), daemon=True).start()
+                    return line.rsplit(b" ", 1)[1].strip().decode()
         self.stop()
-        raise AssertionError(f"node did not start: {''.join(seen)[-2000:]}")
+        raise AssertionError(f"node did not start: {buf[-2000:].decode(errors='replace')}")
 
     def stop(self) -> None:
         stop_process(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def _drain(fd: int) -> None:
+    """Keep reading a node's output so a chatty node never blocks on a full pipe."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 65536):
+            pass
 
 
 def start_nodes(*specs: tuple[str, ...]) -> list[NodeProcess]:
