@@ -21,6 +21,7 @@ MODELS = {"tiny": ModelConfig.tiny, "small": ModelConfig.small}
 ROLES = ("prefill", "decode", "colocated")
 ON_MISSING = ("recompute", "fail")
 ON_FINISH = ("free", "publish")
+KV_OBJECTS = ("layer", "block")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class ServingConfig:
     on_missing: what a decode node does when the handoff's blocks cannot be read.
     on_finish: "free" drops a finished sequence's blocks; "publish" first writes its
       full blocks (prompt + generated) to the store, for the conversation's next turn.
+    kv_objects: store objects per (block, layer), published layer by layer, or per
+      block (all layers; fewer, larger objects), published per chunk. A decode node
+      reads whatever shape the handoff names.
     """
 
     model_id: str = "tiny"
@@ -48,6 +52,7 @@ class ServingConfig:
     local_prefill_tokens: int = 0
     on_missing: str = "recompute"
     on_finish: str = "free"
+    kv_objects: str = "layer"
     device: str = "auto"
     node_id: str = ""
 
@@ -60,12 +65,18 @@ class ServingConfig:
             raise BadRequestError(f"on_missing must be one of {ON_MISSING}")
         if self.on_finish not in ON_FINISH:
             raise BadRequestError(f"on_finish must be one of {ON_FINISH}")
+        if self.kv_objects not in KV_OBJECTS:
+            raise BadRequestError(f"kv_objects must be one of {KV_OBJECTS}")
         for name in ("block_tokens", "num_blocks", "chunk_tokens", "max_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise BadRequestError(f"{name} must be a positive int, got {value!r}")
         if self.local_prefill_tokens < 0 or self.seed < 0:
             raise BadRequestError("local_prefill_tokens and seed must be >= 0")
+
+    @property
+    def layered(self) -> bool:
+        return self.kv_objects == "layer"
 
     @property
     def model(self) -> ModelConfig:

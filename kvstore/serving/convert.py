@@ -46,6 +46,7 @@ def handoff_from_pb(h: pb.KVHandoff) -> Handoff:
         block_hashes=tuple(h.block_hashes),
         tail_key=h.tail_key,
         tail_tokens=h.tail_tokens,
+        layered=h.layered,
     )
 
 
@@ -56,6 +57,7 @@ def handoff_to_pb(h: Handoff) -> pb.KVHandoff:
         block_hashes=list(h.block_hashes),
         tail_key=h.tail_key,
         tail_tokens=h.tail_tokens,
+        layered=h.layered,
     )
 
 

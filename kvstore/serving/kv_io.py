@@ -1,37 +1,37 @@
 """Moving KV blocks between a node's paged KV pool and the store.
 
-Objects are one (block, layer) each: `<hash hex>/L<layer>` for a full prompt block,
-`<tail key>/L<layer>` for the request-scoped partial last block. Per-layer objects
-let a prefill node publish layer i of a chunk as soon as layer i is computed
-(`KVPublisher`, a background thread), while layers i+1.. still compute (Splitwise's
-layer-wise overlap). On a CPU pool the objects are read from and written into the
-pool's tensors in place (zero-copy views); on CUDA they are staged through host
-tensors with one gather/scatter per layer.
+A block is stored as one of two object shapes (`ServingConfig.kv_objects`):
+
+- "layer": one object per (block, layer), `<ref>/L<i>`. A prefill node can publish
+  layer i of a chunk as soon as layer i is computed, while layers i+1.. compute
+  (Splitwise's layer-wise overlap). On a CPU pool objects are read from and written
+  into the pool's tensors in place (zero-copy views).
+- "block": one object per block, all layers, `<ref>`, in the block-major host layout
+  of `HbmKVPool.offload`. num_layers times fewer objects (per-object overhead
+  dominates small objects: 1,024 x 32 KiB puts take ~10x longer than 128 x 256 KiB
+  here), published per chunk instead of per layer.
+
+`<ref>` is the block's hash in hex for a full prompt block, or a request-scoped
+tail key for the partial last block.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from kvstore.errors import ExistsError, KVStoreError, UnavailableError
+from kvstore.errors import ExistsError, KVStoreError
 from kvstore.hashing import block_hashes
 from kvstore.serving.store import BlockStore
-from kvstore.types import block_key
+from kvstore.tiers.kv_pool import HbmKVPool
 
 
-def layer_key(block_hash: bytes, layer: int) -> str:
-    return block_key(block_hash, f"L{layer}")
-
-
-def tail_layer_key(tail_key: str, layer: int) -> str:
-    return f"{tail_key}/L{layer}"
+def object_keys(ref: str, num_layers: int, layered: bool) -> list[str]:
+    """The store keys of one block, in layer order."""
+    return [f"{ref}/L{i}" for i in range(num_layers)] if layered else [ref]
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
@@ -39,24 +39,27 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def layer_snapshot(layer: torch.Tensor, block_ids: Sequence[int]) -> list[torch.Tensor]:
-    """Host tensors holding `layer[b]` for each block: views on cpu, one gather + copy
-    on a device (so the bytes stay valid while later layers compute)."""
-    if layer.device.type == "cpu":
-        return [layer[b] for b in block_ids]
-    idx = torch.tensor(list(block_ids), device=layer.device)
-    host = torch.index_select(layer, 0, idx).to("cpu")
-    return list(host.unbind(0))
+def snapshot(kv: HbmKVPool, block_ids: Sequence[int], layer: int | None) -> list[torch.Tensor]:
+    """Host tensors with the bytes of one object per block: layer `layer` of it, or (None)
+    the whole block. Layer views on a cpu pool are zero-copy; everything else is one
+    gather + copy, so the bytes stay valid while the pool keeps changing."""
+    if layer is None:
+        return list(kv.offload(list(block_ids)).unbind(0))
+    tensor = kv.layers[layer]
+    if tensor.device.type == "cpu":
+        return [tensor[b] for b in block_ids]
+    idx = torch.tensor(list(block_ids), device=tensor.device)
+    return list(torch.index_select(tensor, 0, idx).to("cpu").unbind(0))
 
 
-def register_layers(store: BlockStore, kv_layers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Register a host pool's layer tensors with the store (one registration each, not
-    one per transfer); returns what to unregister. A device pool stages, so: nothing."""
-    if not kv_layers or kv_layers[0].device.type != "cpu":
+def register_layers(store: BlockStore, kv: HbmKVPool) -> list[torch.Tensor]:
+    """Register a host pool's layer tensors with the store (once, not per transfer);
+    returns what to unregister. A device pool stages through host buffers: nothing."""
+    if kv.device.type != "cpu":
         return []
-    for layer in kv_layers:
+    for layer in kv.layers:
         store.register(layer)
-    return list(kv_layers)
+    return list(kv.layers)
 
 
 def unregister_layers(store: BlockStore, layers: Sequence[torch.Tensor]) -> None:
@@ -65,92 +68,29 @@ def unregister_layers(store: BlockStore, layers: Sequence[torch.Tensor]) -> None
             store.unregister(layer)
 
 
-@dataclass(slots=True)
-class PublishStats:
-    """What a publisher did: seconds inside store writes, bytes, objects, failures."""
-
-    put_s: float = 0.0
-    bytes: int = 0
-    objects: int = 0
-    errors: list[KVStoreError] = field(default_factory=list)
-
-
-class KVPublisher:
-    """Writes batches of objects to the store from a background thread, in order.
-
-    `submit` returns at once; `flush` waits for everything submitted so far. A key
-    that exists already (another request published the same block) is not an error.
-    """
-
-    def __init__(self, store: BlockStore, name: str = "kv-publisher") -> None:
-        self.store = store
-        self.stats = PublishStats()
-        self._jobs: queue.Queue[tuple[list[str], list[torch.Tensor], str] | None] = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, keys: list[str], tensors: list[torch.Tensor], group: str = "") -> None:
-        if not keys:
-            return
-        with self._idle:
-            self._pending += 1
-        self._jobs.put((keys, tensors, group))
-
-    def flush(self, timeout_s: float) -> PublishStats:
-        """Wait until every submitted batch is written; return the stats and reset them."""
-        with self._idle:
-            if not self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s):
-                raise UnavailableError(f"KV publishing did not finish within {timeout_s} s")
-            stats, self.stats = self.stats, PublishStats()
-        return stats
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            keys, tensors, group = job
-            start = time.perf_counter()
-            try:
-                results = self.store.batch_put_from(keys, [byte_view(t) for t in tensors], group)
-            except KVStoreError as exc:
-                results = [exc] * len(keys)
-            except Exception as exc:  # a store bug must not wedge flush()
-                results = [KVStoreError(f"publish failed: {exc!r}")] * len(keys)
-            with self._idle:
-                self.stats.put_s += time.perf_counter() - start
-                for t, err in zip(tensors, results, strict=True):
-                    if err is None:
-                        self.stats.objects += 1
-                        self.stats.bytes += t.numel() * t.element_size()
-                    elif not isinstance(err, ExistsError):
-                        self.stats.errors.append(err)
-                self._pending -= 1
-                self._idle.notify_all()
-
-
 def publish_sequence(
     store: BlockStore,
-    kv_layers: Sequence[torch.Tensor],
+    kv: HbmKVPool,
     namespace: bytes,
     tokens: Sequence[int],
     block_ids: Sequence[int],
     skip: int,
+    layered: bool,
 ) -> int:
     """Write the full blocks of `tokens` (KV in pool blocks `block_ids`) from block
-    `skip` on, one batch per layer; returns the objects written (existing ones count)."""
-    hashes = block_hashes(tokens, kv_layers[0].shape[2], namespace)[skip:]
+    `skip` on; returns the objects now in the store (existing ones count)."""
+    hashes = block_hashes(tokens, kv.layout.block_tokens, namespace)[skip:]
     if not hashes:
         return 0
     ids = list(block_ids[skip : skip + len(hashes)])
+    refs = [h.hex() for h in hashes]
+    n_layers = kv.layout.num_layers
     written = 0
-    for i, layer in enumerate(kv_layers):
-        keys = [layer_key(h, i) for h in hashes]
-        views = [byte_view(t) for t in layer_snapshot(layer, ids)]
-        results = store.batch_put_from(keys, views, hashes[0].hex())
+    for layer in range(n_layers) if layered else [None]:
+        pick = 0 if layer is None else layer
+        keys = [object_keys(r, n_layers, layered)[pick] for r in refs]
+        views = [byte_view(t) for t in snapshot(kv, ids, layer)]
+        results = store.batch_put_from(keys, views, refs[0])
         written += sum(r is None or isinstance(r, ExistsError) for r in results)
     return written
 
@@ -166,46 +106,54 @@ class PullResult:
 
 def pull_blocks(
     store: BlockStore,
-    kv_layers: Sequence[torch.Tensor],
-    keys_per_block: Sequence[Sequence[str]],
+    kv: HbmKVPool,
+    refs: Sequence[str],
     block_ids: Sequence[int],
+    layered: bool,
 ) -> PullResult:
-    """Read each block's per-layer objects into pool blocks `block_ids` with one batched
+    """Read the objects of blocks `refs` into pool blocks `block_ids` with one batched
     read; returns how many leading blocks arrived whole (the rest must be recomputed)."""
-    if not keys_per_block:
+    if not refs:
         return PullResult(0, 0, None)
-    on_cpu = kv_layers[0].device.type == "cpu"
-    n_layers = len(kv_layers)
-    staging = [
-        kv_layers[i][b] if on_cpu else torch.empty_like(kv_layers[i][b], device="cpu")
+    n_layers = kv.layout.num_layers
+    keys = [k for r in refs for k in object_keys(r, n_layers, layered)]
+    if layered:
+        targets = _layer_targets(kv, block_ids)
+    else:
+        host = kv.new_host_buffer(len(refs))
+        targets = list(host.unbind(0))
+    results = store.batch_get_into(keys, [byte_view(t) for t in targets])
+    per_block = n_layers if layered else 1
+    complete, error = _leading_complete(results, per_block)
+    if complete and not layered:
+        kv.onload(host[:complete], list(block_ids[:complete]))
+    elif complete and kv.device.type != "cpu":
+        _scatter(kv, block_ids[:complete], targets[: complete * n_layers])
+    return PullResult(complete, complete * kv.layout.block_bytes, error)
+
+
+def _layer_targets(kv: HbmKVPool, block_ids: Sequence[int]) -> list[torch.Tensor]:
+    """Where each (block, layer) object lands: the pool itself on cpu, else host staging."""
+    on_cpu = kv.device.type == "cpu"
+    return [
+        layer[b] if on_cpu else torch.empty_like(layer[b], device="cpu")
         for b in block_ids
-        for i in range(n_layers)
+        for layer in kv.layers
     ]
-    keys = [k for block in keys_per_block for k in block]
-    results = store.batch_get_into(keys, [byte_view(t) for t in staging])
-    complete, error = _leading_complete(results, n_layers)
-    if not on_cpu:
-        _scatter(kv_layers, block_ids[:complete], staging[: complete * n_layers])
-    size = staging[0].numel() * staging[0].element_size()
-    return PullResult(complete, complete * n_layers * size, error)
 
 
 def _leading_complete(
-    results: Sequence[int | KVStoreError], n_layers: int
+    results: Sequence[int | KVStoreError], per_block: int
 ) -> tuple[int, KVStoreError | None]:
     for i, r in enumerate(results):
         if isinstance(r, KVStoreError):
-            return i // n_layers, r
-    return len(results) // n_layers, None
+            return i // per_block, r
+    return len(results) // per_block, None
 
 
-def _scatter(
-    kv_layers: Sequence[torch.Tensor], block_ids: Sequence[int], staging: list[torch.Tensor]
-) -> None:
-    if not block_ids:
-        return
-    n_layers = len(kv_layers)
-    idx = torch.tensor(list(block_ids), device=kv_layers[0].device)
-    for i, layer in enumerate(kv_layers):
-        host = torch.stack(staging[i::n_layers])
-        layer.index_copy_(0, idx, host.to(layer.device))
+def _scatter(kv: HbmKVPool, block_ids: Sequence[int], staging: list[torch.Tensor]) -> None:
+    """Per-layer host staging (block-major order) into the device pool."""
+    n_layers = kv.layout.num_layers
+    idx = torch.tensor(list(block_ids), device=kv.device)
+    for i, layer in enumerate(kv.layers):
+        layer.index_copy_(0, idx, torch.stack(staging[i::n_layers]).to(kv.device))

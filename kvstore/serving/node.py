@@ -47,6 +47,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     add("--block-tokens", type=int, default=16)
     add("--chunk-tokens", type=int, default=512, help="prefill chunk size")
     add("--batched", action="store_true", help="batched projections (not bit-exact)")
+    kv_help = "store objects per (block, layer) or per block"
+    add("--kv-objects", default="layer", choices=["layer", "block"], help=kv_help)
     add("--device", default="auto")
     add("--node-id", default="")
     add("--cpus", default="", help="pin the process to these cores, e.g. 0,2-3")
@@ -62,6 +64,7 @@ def serving_config(args: argparse.Namespace, role: str, **extra: Any) -> Serving
         num_blocks=args.num_blocks,
         chunk_tokens=args.chunk_tokens,
         batch_invariant=not args.batched,
+        kv_objects=args.kv_objects,
         device=args.device,
         node_id=args.node_id or f"{role}-{uuid.uuid4().hex[:8]}",
         **extra,

@@ -8,7 +8,8 @@ Per request (one at a time, on the caller's thread):
 3. prefill the rest in chunks of `chunk_tokens`; after layer i of a chunk, the
    blocks that chunk completed (and, on the last chunk, the partial tail block
    under a request-scoped key) are handed to the `KVPublisher`, which writes them
-   while layers i+1.. compute;
+   while layers i+1.. compute (whole blocks: after the chunk's last layer, while the
+   next chunk computes);
 4. sample the first token, wait for the publisher, free the local blocks.
 """
 
@@ -26,14 +27,13 @@ from kvstore.hashing import block_hashes
 from kvstore.model import Engine
 from kvstore.serving.config import ServingConfig, kv_layout, namespace
 from kvstore.serving.kv_io import (
-    KVPublisher,
-    layer_key,
-    layer_snapshot,
+    object_keys,
     pull_blocks,
     register_layers,
-    tail_layer_key,
+    snapshot,
     unregister_layers,
 )
+from kvstore.serving.publisher import KVPublisher
 from kvstore.serving.request import Handoff, Request, sample_token
 from kvstore.serving.store import BlockStore
 from kvstore.tiers.kv_layout import HbmConfig
@@ -79,7 +79,8 @@ class PrefillWorker:
         self.kv = HbmKVPool(HbmConfig(self.layout, config.num_blocks, device=config.device))
         self.namespace = namespace(config)
         self.publisher = KVPublisher(store)
-        self._registered = register_layers(store, self.kv.layers)
+        self._registered = register_layers(store, self.kv)
+        self.layered = config.layered
         self.publish_timeout_s = publish_timeout_s
 
     def prefill(self, req: Request) -> PrefillResult:
@@ -100,13 +101,13 @@ class PrefillWorker:
     def _run(
         self, req: Request, hashes: list[bytes], ids: list[int], start: float
     ) -> PrefillResult:
-        last = self.layout.num_layers - 1
         t0 = time.perf_counter()
-        matched = self.store.match_prefix([layer_key(h, last) for h in hashes])
+        refs = [h.hex() for h in hashes]
+        matched = self.store.match_prefix([self._keys(r)[-1] for r in refs])  # written last
         usable = min(matched, (len(req.prompt) - 1) // self.config.block_tokens)
         t1 = time.perf_counter()
-        keys = [[layer_key(h, i) for i in range(last + 1)] for h in hashes[:usable]]
-        hit = pull_blocks(self.store, self.kv.layers, keys, ids[:usable]).complete_blocks
+        pulled = pull_blocks(self.store, self.kv, refs[:usable], ids[:usable], self.layered)
+        hit = pulled.complete_blocks
         t2 = time.perf_counter()
         tail_key = f"tail/{req.request_id}/{uuid.uuid4().hex[:12]}"
         in_store = matched if hit == usable else hit  # a block that vanished is republished
@@ -130,6 +131,7 @@ class PrefillWorker:
             block_hashes=tuple(hashes),
             tail_key=tail_key if tail_tokens else "",
             tail_tokens=tail_tokens,
+            layered=self.layered,
         )
         timings = PrefillTimings(
             match_s=t1 - t0,
@@ -172,26 +174,31 @@ class PrefillWorker:
         assert logits is not None
         return logits
 
+    def _keys(self, ref: str) -> list[str]:
+        return object_keys(ref, self.layout.num_layers, self.layered)
+
     def _publish_layer(
         self, layer: int, full: list[int], hashes: list[bytes], ids: list[int], tail_key: str
     ) -> None:
-        blocks = [ids[b] for b in full]
-        keys = [layer_key(hashes[b], layer) for b in full]
-        if tail_key:
-            blocks.append(ids[len(hashes)])
-            keys.append(tail_layer_key(tail_key, layer))
-        if keys:
-            # one eviction group per chunk: its blocks' layers are evicted together
-            group = hashes[full[0]].hex() if full else tail_key
-            self.publisher.submit(keys, layer_snapshot(self.kv.layers[layer], blocks), group)
+        """on_layer_done: hand layer `layer` (or, per-block objects, the whole blocks after
+        the last layer) of the chunk's completed blocks to the publisher."""
+        if not self.layered and layer != self.layout.num_layers - 1:
+            return
+        refs = [hashes[b].hex() for b in full] + ([tail_key] if tail_key else [])
+        blocks = [ids[b] for b in full] + ([ids[len(hashes)]] if tail_key else [])
+        if refs:
+            pick = layer if self.layered else 0
+            keys = [self._keys(r)[pick] for r in refs]
+            tensors = snapshot(self.kv, blocks, layer if self.layered else None)
+            self.publisher.submit(keys, tensors, refs[0])  # a group per chunk: evicted together
 
     def _abandon(self, tail_key: str) -> None:
         """A failed request: let queued writes finish (they read our blocks), drop the tail."""
         with contextlib.suppress(KVStoreError):
             self.publisher.flush(self.publish_timeout_s)
-        for layer in range(self.layout.num_layers):
+        for key in self._keys(tail_key):
             with contextlib.suppress(KVStoreError):
-                self.store.remove(tail_layer_key(tail_key, layer))
+                self.store.remove(key)
 
     def close(self) -> None:
         self.publisher.close()

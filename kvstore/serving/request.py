@@ -73,6 +73,7 @@ class Handoff:
     block_hashes: tuple[bytes, ...]
     tail_key: str = ""
     tail_tokens: int = 0
+    layered: bool = True  # objects per (block, layer); False: one per block
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.num_layers <= 0:
@@ -89,3 +90,8 @@ class Handoff:
     @property
     def num_blocks(self) -> int:
         return len(self.block_hashes) + (1 if self.tail_tokens else 0)
+
+    @property
+    def refs(self) -> list[str]:
+        """Object key stems of the prompt's blocks, in order (the tail last)."""
+        return [h.hex() for h in self.block_hashes] + ([self.tail_key] if self.tail_key else [])

@@ -30,11 +30,10 @@ from kvstore.model import Engine, SeqState
 from kvstore.serving.config import ServingConfig, kv_layout, namespace
 from kvstore.serving.jobs import DecodeJob, Finish, JobEvent, JobState
 from kvstore.serving.kv_io import (
-    layer_key,
+    object_keys,
     publish_sequence,
     pull_blocks,
     register_layers,
-    tail_layer_key,
     unregister_layers,
 )
 from kvstore.serving.store import BlockStore
@@ -64,7 +63,7 @@ class DecodeScheduler:
         self.store = store
         self.layout = kv_layout(config)
         self.kv = HbmKVPool(HbmConfig(self.layout, config.num_blocks, device=config.device))
-        self._registered = register_layers(store, self.kv.layers) if store is not None else []
+        self._registered = register_layers(store, self.kv) if store is not None else []
         self._cond = threading.Condition()
         self._waiting: deque[DecodeJob] = deque()
         self._active: list[DecodeJob] = []  # admitted: LOADING, PREFILL, READY, RUNNING
@@ -224,9 +223,9 @@ class DecodeScheduler:
         known = len(job.handoff.block_hashes) if job.handoff is not None else 0
         written = (*job.req.prompt, *job.tokens[:-1])  # positions whose KV is in the blocks
         try:
-            publish_sequence(
-                self.store, self.kv.layers, namespace(self.config), written, job.blocks, known
-            )
+            space = namespace(self.config)
+            layered = self.config.layered
+            publish_sequence(self.store, self.kv, space, written, job.blocks, known, layered)
         except Exception:
             log.exception("publishing the blocks of %r failed", job.req.request_id)
         with self._cond:
@@ -269,20 +268,19 @@ class DecodeScheduler:
         start = time.perf_counter()
         handoff = job.handoff
         assert handoff is not None and self.store is not None
-        keys = [[layer_key(h, i) for i in range(handoff.num_layers)] for h in handoff.block_hashes]
-        if handoff.tail_key:
-            keys.append([tail_layer_key(handoff.tail_key, i) for i in range(handoff.num_layers)])
+        refs = handoff.refs
         try:
-            result = pull_blocks(self.store, self.kv.layers, keys, job.blocks[: len(keys)])
+            blocks = job.blocks[: len(refs)]
+            result = pull_blocks(self.store, self.kv, refs, blocks, handoff.layered)
             complete, error = result.complete_blocks, result.first_error
             job.timings.pulled_bytes = result.bytes
         except KVStoreError as exc:
             complete, error = 0, exc
         job.timings.pull_s = time.perf_counter() - start
-        if complete == len(keys) and not job.cancelled:
+        if complete == len(refs) and not job.cancelled:
             self._drop_tail(job)  # only this thread touches a LOADING job's tail
         with self._cond:
-            self._after_pull(job, complete == len(keys), error)
+            self._after_pull(job, complete == len(refs), error)
             self._cond.notify_all()
 
     def _after_pull(self, job: DecodeJob, whole: bool, error: KVStoreError | None) -> None:
@@ -304,9 +302,10 @@ class DecodeScheduler:
         if not job.tail_pending or self.store is None or job.handoff is None:
             return
         job.tail_pending = False
-        for i in range(job.handoff.num_layers):
+        h = job.handoff
+        for key in object_keys(h.tail_key, h.num_layers, h.layered):
             with contextlib.suppress(KVStoreError):
-                self.store.remove(tail_layer_key(job.handoff.tail_key, i))
+                self.store.remove(key)
 
     def _prefill_chunks(self, jobs: list[DecodeJob]) -> None:
         """Scheduler thread: up to `chunk_tokens` prompt tokens of local prefill (Generate,

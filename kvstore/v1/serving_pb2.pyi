@@ -45,18 +45,20 @@ class GenerationSpec(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class KVHandoff(_message.Message):
-    __slots__ = ("block_tokens", "num_layers", "block_hashes", "tail_key", "tail_tokens")
+    __slots__ = ("block_tokens", "num_layers", "block_hashes", "tail_key", "tail_tokens", "layered")
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     TAIL_KEY_FIELD_NUMBER: _ClassVar[int]
     TAIL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAYERED_FIELD_NUMBER: _ClassVar[int]
     block_tokens: int
     num_layers: int
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     tail_key: str
     tail_tokens: int
-    def __init__(self, block_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., tail_tokens: _Optional[int] = ...) -> None: ...
+    layered: bool
+    def __init__(self, block_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., tail_tokens: _Optional[int] = ..., layered: _Optional[bool] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_s", "match_s", "load_s", "compute_s", "publish_s", "publish_wait_s", "total_s", "published_bytes")

@@ -15,7 +15,7 @@ from kvstore.errors import BadRequestError, NoSpaceError, NotFoundError, TooLarg
 from kvstore.model import Engine, SamplingParams
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.serving.jobs import DecodeJob, JobEvent
-from kvstore.serving.kv_io import layer_key, tail_layer_key
+from kvstore.serving.kv_io import object_keys
 from kvstore.serving.prefill import PrefillWorker
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
@@ -61,10 +61,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalBlock
 
 
 @pytest.fixture
+def kv_objects() -> str:
+    """Object shape of the prefill side; tests parametrize it to cover both."""
+    return "layer"
+
+
+@pytest.fixture
 def nodes(
-    engine: Engine, store: LocalBlockStore
+    engine: Engine, store: LocalBlockStore, kv_objects: str
 ) -> Iterator[tuple[PrefillWorker, DecodeScheduler]]:
-    prefill, decode = PrefillWorker(CONFIG, engine, store), DecodeScheduler(CONFIG, engine, store)
+    config = replace(CONFIG, kv_objects=kv_objects)
+    prefill, decode = PrefillWorker(config, engine, store), DecodeScheduler(CONFIG, engine, store)
     yield prefill, decode
     assert decode.wait_idle(10.0)
     decode.check_integrity()
@@ -73,20 +80,28 @@ def nodes(
     prefill.close()
 
 
+@pytest.mark.parametrize("kv_objects", ["layer", "block"])
 def test_colocated_disaggregated_and_cached_prefix_agree(
-    nodes: tuple[PrefillWorker, DecodeScheduler], store: LocalBlockStore, reference: dict
+    nodes: tuple[PrefillWorker, DecodeScheduler],
+    store: LocalBlockStore,
+    reference: dict,
+    kv_objects: str,
 ) -> None:
     prefill, decode = nodes
     a = Request("a", PROMPT_A, 6)
     assert submit(decode, a)[1].wait().tokens == reference[PROMPT_A]  # colocated
     pre = prefill.prefill(a)
+    layered = kv_objects == "layer"
+    assert pre.handoff.layered is layered
+    assert all(store.batch_exists(object_keys(pre.handoff.refs[5], 4, layered)))
+    assert not any(store.batch_exists(object_keys(pre.handoff.refs[5], 4, not layered)))
     assert (pre.cached_tokens, pre.handoff.tail_tokens, len(pre.handoff.block_hashes)) == (0, 4, 6)
     assert pre.timings.published_bytes == 7 * 4 * LAYER_BYTES  # 6 blocks + tail, 4 layers
     out = submit(decode, a, pre)[1].wait()
     assert out.tokens == reference[PROMPT_A]
     assert out.timings.pulled_bytes == 7 * 4 * LAYER_BYTES and not out.timings.recomputed
-    tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
-    assert decode.wait_idle(5.0) and store.batch_exists(tails) == [False] * 4
+    tails = object_keys(pre.handoff.tail_key, 4, pre.handoff.layered)
+    assert decode.wait_idle(5.0) and not any(store.batch_exists(tails))
     b = Request("b", PROMPT_B, 6)
     pre_b = prefill.prefill(b)  # 5 shared blocks come from the store
     assert pre_b.cached_tokens == 80 and pre_b.timings.published_bytes == 4 * LAYER_BYTES
@@ -134,7 +149,7 @@ def test_missing_blocks_recompute_or_fail(
     decode = DecodeScheduler(replace(CONFIG, on_missing=policy), engine, store)
     try:
         pre = prefill.prefill(Request("a", PROMPT_A, 6))
-        assert store.remove(layer_key(pre.handoff.block_hashes[3], 2))  # "evicted"
+        assert store.remove(object_keys(pre.handoff.refs[3], 4, True)[2])  # "evicted"
         out = submit(decode, Request("a", PROMPT_A, 6), pre)[1].wait()
         if policy == "recompute":
             assert out.tokens == reference[PROMPT_A] and out.timings.recomputed
@@ -142,7 +157,7 @@ def test_missing_blocks_recompute_or_fail(
             assert out.tokens == [] and isinstance(out.events[-1].error, NotFoundError)
             assert "unavailable" in str(out.events[-1].error)
         assert decode.wait_idle(5.0) and decode.stats().free_blocks == CONFIG.num_blocks
-        tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
+        tails = object_keys(pre.handoff.tail_key, 4, True)
         assert store.batch_exists(tails) == [False] * 4  # dropped on either path
         decode.check_integrity()
     finally:
@@ -163,7 +178,7 @@ def test_cancel_frees_blocks_and_tail(
     job, out = submit(decode, long, pre)
     decode.cancel(job)
     assert decode.wait_idle(10.0) and len(out.tokens) < 400
-    tails = [tail_layer_key(pre.handoff.tail_key, i) for i in range(4)]
+    tails = object_keys(pre.handoff.tail_key, 4, True)
     assert store.batch_exists(tails) == [False] * 4
     assert decode.stats().failed == 2
 
@@ -307,6 +322,19 @@ def test_prefill_publishes_layer_by_layer(engine: Engine, tmp_path: Path) -> Non
             for layer in range(4)
         ]
         assert store.puts == want  # one write per (chunk, layer), in compute order
+    finally:
+        prefill.close()
+        store.close()
+
+
+def test_whole_blocks_are_published_per_chunk(engine: Engine, tmp_path: Path) -> None:
+    store = RecordingStore(make_store(Tier.DRAM, tmp_path))
+    prefill = PrefillWorker(replace(CONFIG, kv_objects="block"), engine, store)
+    try:
+        pre = prefill.prefill(Request("a", PROMPT_A, 2))
+        refs = pre.handoff.refs  # 6 block hashes, then the tail key
+        assert store.puts == [refs[0:2], refs[2:4], refs[4:6], refs[6:7]]
+        assert store.inner.store.size_of(refs[0]) == 4 * LAYER_BYTES
     finally:
         prefill.close()
         store.close()

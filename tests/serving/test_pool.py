@@ -22,7 +22,7 @@ from kvstore.errors import NotFoundError
 from kvstore.model import Engine
 from kvstore.serving.client import ServingClient, make_spec
 from kvstore.serving.config import ServingConfig, build_engine
-from kvstore.serving.kv_io import layer_key, tail_layer_key
+from kvstore.serving.kv_io import object_keys
 from kvstore.serving.prefill import PrefillWorker
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
@@ -37,7 +37,13 @@ pytestmark = pytest.mark.slow
 # NIXL: storage nodes do not publish NIXL metadata for their segments yet (a client
 # forced to nixl gets INVALID_ARGUMENT "segment has no NIXL metadata"); add
 # ("dram", "nixl") here when they do.
-STACKS = [("dram", "shm"), ("dram", "tcp"), ("ssd", "tcp")]
+# (tier, transport, kv objects): per-(block, layer) objects everywhere, per-block once.
+STACKS = [
+    ("dram", "shm", "layer"),
+    ("dram", "tcp", "layer"),
+    ("ssd", "tcp", "layer"),
+    ("dram", "shm", "block"),
+]
 TIERS = {"dram": Tier.DRAM, "ssd": Tier.SSD}
 
 
@@ -72,15 +78,16 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str
         c.close()
 
 
-@pytest.fixture(scope="module", params=STACKS, ids=[f"{t}-{x}" for t, x in STACKS])
+@pytest.fixture(scope="module", params=STACKS, ids=["-".join(s) for s in STACKS])
 def stack(
     clusters: Callable[[str], Cluster], request: pytest.FixtureRequest
 ) -> Iterator[dict[str, Any]]:
-    tier, transport = request.param
+    tier, transport, kv_objects = request.param
     cluster = clusters(tier)
     common = ("--master", cluster.address, "--transport", transport)
     prefill, decode = start_nodes(
-        ("prefill_node", *common, "--chunk-tokens", "32"), ("decode_node", *common)
+        ("prefill_node", *common, "--chunk-tokens", "32", "--kv-objects", kv_objects),
+        ("decode_node", *common),
     )
     client = ServingClient(prefill=prefill.address, decode=decode.address, timeout_s=60.0)
     salt = 1 + STACKS.index(request.param)  # fresh prompts per stack: nothing cached yet
@@ -90,6 +97,7 @@ def stack(
         "salt": salt,
         "transport": transport,
         "tier": TIERS[tier],
+        "layered": kv_objects == "layer",
     }
     client.close()
     prefill.stop()
@@ -105,7 +113,7 @@ def test_disaggregated_and_cached_prefixes_match_colocated(
     cold = client.disaggregated(make_spec("a1", a, 6))
     assert cold.tokens == want_a and cold.prefill.cached_tokens == 0
     assert cold.timings.pulled_bytes == 4 * 4 * 8192 and not cold.timings.recomputed
-    tail = tail_layer_key(cold.prefill.handoff.tail_key, 0)
+    tail = object_keys(cold.prefill.handoff.tail_key, 4, stack["layered"])[0]
     assert cluster.holders(tail) == []  # the decode node removed the request-scoped tail
     shared = client.disaggregated(make_spec("b1", b, 6))  # (c)/(d): prefix from the segment
     assert shared.tokens == want_b and shared.prefill.cached_tokens == 48
@@ -120,7 +128,7 @@ def test_removed_blocks_are_recomputed(stack: dict[str, Any], engine: Engine) ->
     c = prompt_a(salt + 100)
     spec = make_spec("c", c, 5)
     pre = client.prefill(spec)
-    key = layer_key(pre.handoff.block_hashes[1], 2)
+    key = object_keys(pre.handoff.block_hashes[1].hex(), 4, stack["layered"])[-1]
     with Client(cluster.address, transport=stack["transport"]) as pool:
         assert pool.remove(key, force=True)
     out = client.decode(spec, pre)
@@ -143,7 +151,7 @@ def test_cancelled_decode_releases_blocks_and_tail(stack: dict[str, Any]) -> Non
         cluster.wait_stats(lambda s: True, timeout_s=1.0)
         stats = client.decode_stats()
     assert stats.free_blocks == stats.total_blocks and stats.running == 0
-    assert cluster.holders(tail_layer_key(pre.handoff.tail_key, 0)) == []
+    assert cluster.holders(object_keys(pre.handoff.tail_key, 4, stack["layered"])[0]) == []
 
 
 def test_unknown_model_is_not_found(stack: dict[str, Any]) -> None:
