@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.errors import BadRequestError
 from kvstore.serving_bench.metrics import RequestRecord, summarize
 from kvstore.serving_bench.workload import ChatSpec, Conversation, conversations
 
@@ -35,7 +36,7 @@ class ClusterDemoConfig:
 
     def __post_init__(self) -> None:
         if self.dram_mib <= 0 or self.ssd_mib < 0:
-            raise ValueError("dram_mib must be > 0 and ssd_mib >= 0")
+            raise BadRequestError("dram_mib must be > 0 and ssd_mib >= 0")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ purpose (a conversation's history, the system prompt) can hit a prefix cache.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from kvstore.errors import BadRequestError
 
@@ -130,7 +130,6 @@ class Conversation:
     rng: random.Random
     spec: ChatSpec
     turn: int = 0
-    pending: list[int] = field(default_factory=list)
 
     def next_turn(self) -> Arrival:
         self.history.extend(random_prompt(self.rng, self.spec.user_tokens, self.spec.vocab))
