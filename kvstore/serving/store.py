@@ -51,7 +51,9 @@ class LocalBlockStore:
 
     def __init__(self, store: TieredStore) -> None:
         self.store = store
-        self._lock = threading.Lock()  # TieredStore reads race its promotions otherwise
+        # One call at a time: a batched call visits the tiers one by one, and an object
+        # demoted between two visits would be missed.
+        self._lock = threading.Lock()
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         with self._lock:
