@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvstore.conductor.api import Role
-from kvstore.conductor.profiles import PROFILES, load_profile
+from kvstore.conductor.profiles import PROFILES, fit_reports, load_profile
 from kvstore.conductor.registry import POLICIES, make_policy
 from kvstore.errors import BadRequestError
 from kvstore.sim.cache import TierCapacity, blocks_for_tokens, replay_lru
@@ -184,12 +184,34 @@ def targets(hits: list[dict], serve: dict | None) -> dict:
     return res
 
 
+def calibration() -> dict[str, dict | None]:
+    """Each latency profile's fit error against the published points it was fitted to."""
+    return {name: asdict(r) if r else None for name, r in fit_reports().items()}
+
+
+def print_calibration(cal: dict[str, dict | None]) -> None:
+    print("\n== latency model calibration (relative error vs the published data) ==")
+    print(
+        f"  {'profile':<22}{'points':>7}{'prefill mean':>14}{'max':>7}{'decode mean':>13}{'max':>7}"
+    )
+    for name, r in cal.items():
+        if r is None:
+            print(f"  {name:<22}{'-':>7}  coefficients used as published (no raw points)")
+            continue
+        print(
+            f"  {name:<22}{r['points']:>7}{r['prefill_mean_rel_err']:>14.1%}"
+            f"{r['prefill_max_rel_err']:>7.1%}{r['decode_mean_rel_err']:>13.1%}"
+            f"{r['decode_max_rel_err']:>7.1%}"
+        )
+
+
 def print_tables(report: dict) -> None:
     t = report["trace"]
     print(
         f"trace {t['path']}: {t['requests']} requests, {t['skipped']} skipped, "
         f"{t['minutes']:.1f} min"
     )
+    print_calibration(report["calibration"])
     print(f"\n== prefix hit ratio (blocks), {report['hit_ratio_scope']}, routing-only ==")
     print(
         "  pooled: one store with global LRU eviction (as kvstore's master), so its hit ratio is\n"
@@ -291,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("trace",)},
     }
     report["config"]["trace"] = str(args.trace)
+    report["calibration"] = calibration()
     hit_load = window(load, 0.0, 900.0) if args.quick else load
     report["hit_ratio_scope"] = "first 15 min (quick)" if args.quick else "full trace"
     report["hit_ratio"] = hit_ratios(hit_load, args, quick_subset=args.quick)
