@@ -50,6 +50,9 @@ def test_bench_json_on_small_trace(tmp_path: Path) -> None:
     assert row["policies"]["random"]["pooled"]["hit"] == row["infinite"]
     assert set(report["serving"]["goodput"]) == {"colocated", "disaggregated", "conditional"}
     assert len(report["targets"]["hit_vs_random_local"]) == 2
+    fit = report["calibration"]["llama2-70b/a100-tp4"]
+    assert fit["points"] > 0 and 0 < fit["decode_mean_rel_err"] < fit["decode_max_rel_err"]
+    assert report["calibration"]["opt-13b/a100-tp1"] is None  # published coefficients only
 
 
 def test_bench_rejects_bad_inputs(tmp_path: Path) -> None:
