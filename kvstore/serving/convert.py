@@ -85,13 +85,11 @@ def prefill_response(result: PrefillResult, req: Request, queue_s: float) -> pb.
 
 
 def token_chunk(event: JobEvent) -> pb.TokenChunk:
-    assert event.token is not None
-    chunk = pb.TokenChunk(
-        index=event.index,
-        token_ids=[event.token],
-        token_times_s=[event.time_s],
-        finish_reason=_FINISH[event.finish],
-    )
+    """One token, or (token None) the deferred end of the stream."""
+    chunk = pb.TokenChunk(index=event.index, finish_reason=_FINISH[event.finish])
+    if event.token is not None:
+        chunk.token_ids.append(event.token)
+        chunk.token_times_s.append(event.time_s)
     if event.timings is not None:
         chunk.timings.CopyFrom(decode_timings(event.timings))
     return chunk

@@ -56,7 +56,8 @@ class DecodeTimings:
 @dataclass(frozen=True, slots=True)
 class JobEvent:
     """One new token (index among the new tokens, seconds since arrival), the end of
-    the stream (`finish`), or a failure (`error`, always the last event)."""
+    the stream (`finish`; with token None when the end was deferred past the last
+    token), or a failure (`error`, always the last event)."""
 
     index: int = 0
     token: int | None = None
@@ -108,8 +109,9 @@ class DecodeJob:
         """Draw the job's next new token from its logits [vocab]."""
         return sample_token(self.req.sampling, logits, len(self.tokens))
 
-    def emit_token(self, token: int) -> Finish | None:
-        """Record a new token and report it; returns why the job ends, if it does."""
+    def emit_token(self, token: int, *, defer_finish: bool = False) -> Finish | None:
+        """Record a new token and report it; returns why the job ends, if it does.
+        With `defer_finish` the end is reported later, by `end`."""
         self.tokens.append(token)
         finish = None
         if token in self.req.stop_ids:
@@ -121,8 +123,14 @@ class DecodeJob:
         if first:
             self.timings.ttft_s = now
         timings = self.timings if first else None
-        self.sink(JobEvent(len(self.tokens) - 1, token, now, finish, timings))
+        shown = None if defer_finish else finish
+        self.sink(JobEvent(len(self.tokens) - 1, token, now, shown, timings))
         return finish
+
+    def end(self, finish: Finish) -> None:
+        """Report a deferred end: an event with no token."""
+        now = time.perf_counter() - self.arrival
+        self.sink(JobEvent(len(self.tokens), None, now, finish))
 
     def fail(self, error: KVStoreError) -> None:
         self.sink(JobEvent(index=len(self.tokens), error=error))

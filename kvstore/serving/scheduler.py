@@ -208,26 +208,33 @@ class DecodeScheduler:
         for job in [j for j in self._active if j.cancelled and j.state not in busy]:
             self._finish(job, failed=True)
 
-    def _finish(self, job: DecodeJob, *, failed: bool) -> None:
+    @property
+    def _saves(self) -> bool:
+        """Finished sequences are published (their stream ends once that is done)."""
+        return self.config.on_finish == "publish" and self.store is not None
+
+    def _finish(self, job: DecodeJob, *, failed: bool, finish: Finish | None = None) -> None:
         """End a job (under the lock): publish its blocks first if the policy says so."""
-        save = self.config.on_finish == "publish" and self.store is not None
-        if save and not failed and job.state is not JobState.SAVING:
+        if finish is not None and self._saves:
             job.state = JobState.SAVING
-            self._loader.submit(self._save, job)
+            self._loader.submit(self._save, job, finish)
             return
         self._release(job, failed=failed)
 
-    def _save(self, job: DecodeJob) -> None:
-        """Loader thread: write the sequence's full blocks to the store for later turns."""
+    def _save(self, job: DecodeJob, finish: Finish) -> None:
+        """Loader thread: write the sequence's full blocks to the store for later turns,
+        then end its stream, so a client's next turn finds them."""
         assert self.store is not None
         known = len(job.handoff.block_hashes) if job.handoff is not None else 0
         written = (*job.req.prompt, *job.tokens[:-1])  # positions whose KV is in the blocks
         try:
             space = namespace(self.config)
-            layered = self.config.layered
+            # the shape the prefill side reads: the handoff's, else this node's own
+            layered = job.handoff.layered if job.handoff is not None else self.config.layered
             publish_sequence(self.store, self.kv, space, written, job.blocks, known, layered)
         except Exception:
             log.exception("publishing the blocks of %r failed", job.req.request_id)
+        job.end(finish)
         with self._cond:
             self._release(job, failed=False)
 
@@ -338,8 +345,9 @@ class DecodeScheduler:
         """READY -> RUNNING: send the first token (it may already end the job)."""
         assert job.first_token is not None
         job.state = JobState.RUNNING
-        if job.emit_token(job.first_token) is not None:
-            self._finish(job, failed=False)
+        finish = job.emit_token(job.first_token, defer_finish=self._saves)
+        if finish is not None:
+            self._finish(job, failed=False, finish=finish)
 
     def _step(self, batch: list[DecodeJob]) -> None:
         seqs = [SeqState(j.tokens[-1], j.position, tuple(j.blocks)) for j in batch]
@@ -356,9 +364,9 @@ class DecodeScheduler:
             for job, row in zip(batch, logits, strict=True):
                 if job.cancelled:
                     continue
-                finish: Finish | None = job.emit_token(job.sample(row))
+                finish = job.emit_token(job.sample(row), defer_finish=self._saves)
                 if finish is not None:
-                    self._finish(job, failed=False)
+                    self._finish(job, failed=False, finish=finish)
 
 
 __all__ = ["DecodeScheduler", "JobEvent", "SchedulerStats"]

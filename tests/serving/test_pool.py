@@ -3,9 +3,10 @@
 process per transport (shm, tcp). Every output must equal colocated generation
 (`Engine.generate`, which the colocated node reproduces: test_nodes.py), for
 (b) a cold prompt, (c)/(d) a second prompt whose prefix is served from the DRAM /
-SSD segment, a fully cached prompt, and a prompt whose blocks were removed
-(recomputed). All nodes run batch_invariant (the default), which makes KV bytes
-independent of chunking and batching."""
+SSD segment, a fully cached prompt, a prompt whose blocks were removed
+(recomputed), and a next turn that reuses blocks the decode node published
+(on_finish=publish). All nodes run batch_invariant (the default), which makes KV
+bytes independent of chunking and batching."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def stack(
     common = ("--master", cluster.address, "--transport", transport)
     prefill, decode = start_nodes(
         ("prefill_node", *common, "--chunk-tokens", "32", "--kv-objects", kv_objects),
-        ("decode_node", *common),
+        ("decode_node", *common, "--on-finish", "publish"),
     )
     client = ServingClient(prefill=prefill.address, decode=decode.address, timeout_s=60.0)
     salt = 1 + STACKS.index(request.param)  # fresh prompts per stack: nothing cached yet
@@ -121,6 +122,16 @@ def test_disaggregated_and_cached_prefixes_match_colocated(
     assert again.tokens == want_a and again.prefill.cached_tokens == 48
     (segment,) = cluster.stats().segments
     assert segment.tier == int(stack["tier"]) and segment.hits > 0
+
+
+def test_next_turn_finds_the_blocks_decode_published(stack: dict[str, Any], engine: Engine) -> None:
+    client, salt = stack["client"], stack["salt"]
+    first = prompt_a(salt + 300)  # 60 tokens; 6 new ones make 65 positions: 4 full blocks
+    out = client.disaggregated(make_spec("t1", first, 6))
+    follow_up = (*first, *out.tokens, 1, 2, 3, 4)
+    turn2 = client.disaggregated(make_spec("t2", follow_up, 4))
+    assert turn2.prefill.cached_tokens == 64  # 3 blocks from prefill, the 4th from decode
+    assert turn2.tokens == engine.generate(list(follow_up), 4)
 
 
 def test_removed_blocks_are_recomputed(stack: dict[str, Any], engine: Engine) -> None:
