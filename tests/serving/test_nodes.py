@@ -3,6 +3,7 @@ as status codes, cancelled streams, Stats and health."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -12,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore.errors import BadRequestError, NotFoundError
 from kvstore.model import Engine
-from kvstore.serving.client import ServingClient, make_spec
+from kvstore.serving.client import AsyncServingClient, Generation, ServingClient, make_spec
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.v1 import serving_pb2 as pb
 from tests.serving.helpers import NodeProcess, start_nodes
@@ -120,3 +121,20 @@ def test_health_reports_serving(colocated: NodeProcess) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service="kvstore.v1.DecodeService"))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_concurrent_streams_share_the_batch(colocated: NodeProcess, engine: Engine) -> None:
+    prompts = [PROMPT[:20], PROMPT[5:40], PROMPT[30:47]]
+
+    async def run() -> list[Generation]:
+        async with AsyncServingClient(decode=colocated.address) as client:
+            before = (await client.decode_stats()).steps
+            outs = await asyncio.gather(
+                *(client.generate(make_spec(f"c{i}", p, 12)) for i, p in enumerate(prompts))
+            )
+            steps = (await client.decode_stats()).steps - before
+        assert steps < 3 * 11  # the three sequences shared decode steps
+        return list(outs)
+
+    outs = asyncio.run(run())
+    assert [o.tokens for o in outs] == [engine.generate(p, 12) for p in prompts]
