@@ -13,27 +13,39 @@ from collections.abc import Iterable
 from kvstore.master.model import PutItem, Segment
 from kvstore.types import Location
 
+Rank = tuple[int, int, int, str, str, Segment]
+
+
+def _ranks(segments: Iterable[Segment], item: PutItem, client_node: str) -> list[Rank]:
+    """(node rank, tier, -free, node, name, segment) of each segment that could hold `item`
+    ((node, name) is unique, so comparing ranks never reaches the segment)."""
+    size, tier, pref = item.size, item.tier, item.preferred_node
+    out = []
+    for s in segments:
+        free = s.capacity - s.allocator.used
+        if free < size or (tier is not None and s.tier != tier):
+            continue
+        node_rank = 0 if pref and s.node_id == pref else 1 if s.node_id == client_node else 2
+        out.append((node_rank, int(s.tier), -free, s.node_id, s.name, s))
+    return out
+
 
 def rank_segments(segments: Iterable[Segment], item: PutItem, client_node: str) -> list[Segment]:
     """Segments that could hold `item`, in the order placement tries them."""
-    eligible = [
-        s for s in segments if s.free >= item.size and (item.tier is None or s.tier == item.tier)
-    ]
-
-    def key(s: Segment) -> tuple[int, int, int, str, str]:
-        if item.preferred_node and s.node_id == item.preferred_node:
-            node_rank = 0
-        elif client_node and s.node_id == client_node:
-            node_rank = 1
-        else:
-            node_rank = 2
-        return (node_rank, int(s.tier), -s.free, s.node_id, s.name)
-
-    return sorted(eligible, key=key)
+    return [r[-1] for r in sorted(_ranks(segments, item, client_node))]
 
 
 def place(segments: Iterable[Segment], item: PutItem, client_node: str) -> list[Location] | None:
     """Allocate `item.replicas` ranges on distinct nodes, or None (nothing kept)."""
+    if item.replicas == 1:  # the common case: the best segment, without sorting them all
+        ranks = _ranks(segments, item, client_node)
+        if not ranks:
+            return None
+        best = min(ranks)[-1]
+        offset = best.allocate(item.size)
+        if offset is not None:
+            return [Location(best.node_id, best.tier, best.name, offset, item.size)]
+        segments = [r[-1] for r in ranks]  # fragmented: try them all in order
     chosen: list[tuple[Segment, int]] = []
     used_nodes: set[str] = set()
     for seg in rank_segments(segments, item, client_node):

@@ -6,20 +6,17 @@ No policy lives here. Errors of a whole call abort with the status chosen in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import grpc
 
 from kvstore.errors import BadRequestError, KVStoreError
-from kvstore.master import leases, queries
+from kvstore.master import leases, queries, wire
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
-from kvstore.rpc_errors import code_for, translate
+from kvstore.rpc_errors import translate
 from kvstore.types import Location, ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 Ctx = grpc.aio.ServicerContext
-_OK = master_pb2.KeyStatus()
 
 
 def to_pb_location(loc: Location) -> common_pb2.Location:
@@ -29,18 +26,14 @@ def to_pb_location(loc: Location) -> common_pb2.Location:
     )  # fmt: skip
 
 
+_TIERS = {int(t): t for t in Tier}
+
+
 def from_pb_location(pb: common_pb2.Location) -> Location:
-    return Location(pb.node_id, Tier(pb.tier), pb.segment, pb.offset, pb.length)
-
-
-def key_status(exc: KVStoreError | None) -> master_pb2.KeyStatus:
-    if exc is None:
-        return _OK
-    return master_pb2.KeyStatus(code=code_for(exc), message=str(exc))
-
-
-def _statuses(results: Iterable[KVStoreError | None]) -> list[master_pb2.KeyStatus]:
-    return [key_status(r) for r in results]
+    tier = _TIERS.get(pb.tier)
+    if tier is None:
+        tier = Tier(pb.tier)  # raises ValueError on an unknown tier
+    return Location(pb.node_id, tier, pb.segment, pb.offset, pb.length)
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -49,6 +42,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def __init__(self, state: MasterState, epoch: str) -> None:
         self.state = state
         self.epoch = epoch
+        self.locations = wire.LocationEncoder()
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -104,16 +98,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise BadRequestError("client_id must not be empty")
         parsed = [_parse_item(it) for it in request.items]
         good = [p for p in parsed if isinstance(p, PutItem)]
-        placed = iter(self.state.put_start(request.client_id, request.client_node, good))
-        results = []
-        for p in parsed:
-            r = next(placed) if isinstance(p, PutItem) else p
-            if isinstance(r, KVStoreError):
-                results.append(master_pb2.PutStartResult(status=key_status(r)))
-            else:
-                locs = [to_pb_location(loc) for loc in r]
-                results.append(master_pb2.PutStartResult(status=_OK, locations=locs))
-        return master_pb2.PutStartResponse(results=results)
+        placed = self.state.put_start(request.client_id, request.client_node, good)
+        if len(good) < len(parsed):
+            it = iter(placed)
+            placed = [next(it) if isinstance(p, PutItem) else p for p in parsed]
+        objects = self.state.objects
+
+        def cache_lookup_wire(i: int, locs: list[bytes]) -> None:
+            """The future LookupResult of key i, from the same encoded locations."""
+            obj = objects.get(request.items[i].key)
+            if obj is not None:
+                obj.wire = wire.lookup_result(obj.size, obj.group, locs)
+
+        return wire.put_start_response(placed, self.locations, cache_lookup_wire)
 
     @translate
     async def PutEnd(
@@ -121,7 +118,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.PutEndResponse:
         self._check_batch(len(request.keys))
         res = self.state.put_end(request.client_id, request.keys)
-        return master_pb2.PutEndResponse(results=_statuses(res))
+        return master_pb2.PutEndResponse.FromString(wire.statuses_payload(res))
 
     @translate
     async def PutRevoke(
@@ -129,7 +126,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.PutRevokeResponse:
         self._check_batch(len(request.keys))
         res = self.state.put_revoke(request.client_id, request.keys)
-        return master_pb2.PutRevokeResponse(results=_statuses(res))
+        return master_pb2.PutRevokeResponse.FromString(wire.statuses_payload(res))
 
     @translate
     async def BatchLookup(
@@ -142,7 +139,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             found, ttl = self.state.lookup(
                 request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
             )
-        parts = [_as_result_field(_lookup_wire(r)) for r in found]
+        enc = self.locations
+        parts = [wire.field(b"\x0a", _lookup_wire(r, enc)) for r in found]
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
         )
@@ -167,7 +165,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RemoveResponse:
         self._check_batch(len(request.keys))
         res = self.state.remove(request.keys, request.force)
-        return master_pb2.RemoveResponse(results=_statuses(res))
+        return master_pb2.RemoveResponse.FromString(wire.statuses_payload(res))
 
     @translate
     async def Stats(
@@ -200,37 +198,13 @@ def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
         return BadRequestError(f"key {pb.key!r}: {exc}")
 
 
-def _lookup_result(r: ObjectMeta | KVStoreError) -> master_pb2.LookupResult:
-    if isinstance(r, KVStoreError):
-        return master_pb2.LookupResult(status=key_status(r))
-    reps = [to_pb_location(loc) for loc in r.replicas]
-    return master_pb2.LookupResult(status=_OK, size=r.size, replicas=reps, group=r.group)
-
-
-def _lookup_wire(r: ObjectMeta | KVStoreError) -> bytes:
+def _lookup_wire(r: ObjectMeta | KVStoreError, enc: wire.LocationEncoder) -> bytes:
     """The encoded LookupResult of a hit, cached on the object (hits repeat; misses do not)."""
     if isinstance(r, KVStoreError):
-        return _lookup_result(r).SerializeToString()
+        return wire.field(b"\x0a", wire.status_bytes(r))
     if r.wire is None:
-        r.wire = _lookup_result(r).SerializeToString()
+        r.wire = wire.lookup_result(r.size, r.group, [enc.encode(loc) for loc in r.replicas])
     return r.wire
-
-
-def _as_result_field(wire: bytes) -> bytes:
-    """`wire` as field 1 (results) of BatchLookupResponse: tag, varint length, bytes."""
-    return _RESULTS_TAG + _varint(len(wire)) + wire
-
-
-_RESULTS_TAG = bytes([(1 << 3) | 2])  # field 1, wire type 2 (length-delimited)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:
