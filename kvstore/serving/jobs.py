@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.serving.request import Handoff, Request, sample_token
 
 
@@ -89,7 +89,7 @@ class DecodeJob:
 
     def __post_init__(self) -> None:
         if (self.handoff is None) != (self.first_token is None):
-            raise KVStoreError("a handoff comes with its first token")
+            raise BadRequestError("a handoff comes with its first token")
         self.tail_pending = self.handoff is not None and bool(self.handoff.tail_key)
 
     @property

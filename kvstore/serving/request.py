@@ -14,6 +14,8 @@ import xxhash
 from kvstore.errors import BadRequestError, TooLargeError
 from kvstore.model import ModelConfig, Sampler, SamplingParams
 
+MAX_REQUEST_ID = 256  # it becomes part of the tail block's store key
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -26,6 +28,8 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
+        if not 0 < len(self.request_id) <= MAX_REQUEST_ID:
+            raise BadRequestError(f"request_id must be 1..{MAX_REQUEST_ID} characters")
         if not self.prompt:
             raise BadRequestError(f"request {self.request_id!r}: empty prompt")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

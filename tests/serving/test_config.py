@@ -68,6 +68,8 @@ def test_request_limits() -> None:
         Request("m", (1,) * 60, 5).check_fits(model)
     with pytest.raises(BadRequestError, match="vocab"):
         Request("v", (260,), 1).check_fits(model)
+    with pytest.raises(BadRequestError, match="request_id"):
+        Request("x" * 257, (1,), 1)
 
 
 def test_handoff_checks() -> None:
