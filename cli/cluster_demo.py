@@ -3,7 +3,8 @@
 Starts, on 127.0.0.1 free ports and embedded defaults (no external service), a
 master, a storage node lending DRAM (and SSD) to the pool, a prefill node and a
 decode node; drives a few conversations that share a system prompt and grow turn
-by turn (each prompt = system prompt + history + new message), so every turn's
+by turn (each prompt = system prompt + history + new message); the prefill node
+publishes each prompt's KV and the decode node each reply's, so every turn's
 prefix is already in the pool; prints TTFT / TBT, the prefix hit ratio (overall
 and per pool tier) and the bytes moved; stops everything and checks that no
 process and no shared-memory segment is left behind.
@@ -30,7 +31,7 @@ MIB = 1 << 20
 @dataclass(frozen=True, slots=True)
 class ClusterDemoConfig:
     model: str = "tiny"
-    chat: ChatSpec = field(default_factory=lambda: ChatSpec(turns=6))
+    chat: ChatSpec = field(default_factory=lambda: ChatSpec(turns=6, reply_tokens=24))
     dram_mib: float = 2.0  # small on purpose: older blocks spill to the SSD segment
     ssd_mib: float = 64.0  # 0: DRAM only
 
@@ -92,10 +93,18 @@ def run_cluster_demo(
     ):
         master = procs.master()
         _, prefill, decode = procs.start_many(
-            [
+            [  # the decode node publishes a finished reply's KV: the next turn reuses it
                 (f"{tag}-store", _storage_argv(master, config, f"{tag}-store", tmp)),
                 ("prefill", serving_argv("prefill_node", model=config.model, master=master)),
-                ("decode", serving_argv("decode_node", model=config.model, master=master)),
+                (
+                    "decode",
+                    serving_argv(
+                        "decode_node",
+                        model=config.model,
+                        master=master,
+                        extra=["--on-finish", "publish"],
+                    ),
+                ),
             ]
         )
         ready_s = time.perf_counter() - started
@@ -203,13 +212,29 @@ def _report(
         f"{_ratio(sum(r.cached_tokens for r in later), sum(r.prompt_tokens for r in later))}",
         "pool lookups by tier (prefix matches, prefix loads and decode pulls):",
         *_tier_lines(stats),
-        f"bytes moved: prefill -> pool {sum(r.kv_bytes for r in ok) / MIB:.2f} MiB, "
-        f"pool -> decode {sum(r.pulled_bytes for r in ok) / MIB:.2f} MiB",
+        _bytes_line(ok, stats),
+        *[f"failed: {r.request_id}: {r.error}" for r in records if not r.ok][:3],
         f"shutdown: {'clean' if not trouble else 'trouble: ' + ', '.join(trouble)}; "
-        f"{len(leftovers)} shared-memory segments left {leftovers if leftovers else ''}; "
+        f"{len(leftovers)} shared-memory segments left{_listed(leftovers)}; "
         f"{seconds:.1f} s in all",
     ]
     return "\n".join(lines)
+
+
+def _bytes_line(ok: list[RequestRecord], stats: Any) -> str:
+    """Client-side counts; the decode node's reply blocks are what the pool took in
+    beyond the prefill node's writes."""
+    published = sum(r.kv_bytes for r in ok)
+    pool_in = sum(seg.bytes_in for seg in stats.segments)
+    return (
+        f"bytes moved: prefill -> pool {published / MIB:.2f} MiB, decode -> pool (replies) "
+        f"{max(pool_in - published, 0) / MIB:.2f} MiB, pool -> decode "
+        f"{sum(r.pulled_bytes for r in ok) / MIB:.2f} MiB"
+    )
+
+
+def _listed(names: list[str]) -> str:
+    return f" ({', '.join(names)})" if names else ""
 
 
 def _ms(x: float) -> str:
