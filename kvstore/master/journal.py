@@ -9,6 +9,7 @@ committed instead of orphaning the bytes on the nodes.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +80,7 @@ class RocksJournal:
         ep = node.endpoint
         rec = {"id": node.node_id, "tcp": ep.tcp_address, "shm": ep.shm_host_id}
         rec["rpc"] = ep.rpc_address
+        rec["nixl"] = base64.b64encode(ep.nixl_metadata).decode()
         self._put(_NODE + node.node_id.encode(), rec)
 
     def drop_node(self, node_id: str) -> None:

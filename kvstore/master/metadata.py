@@ -8,6 +8,7 @@ return one result per key: a value, or a `KVStoreError` instance for that key.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -355,7 +356,8 @@ class MasterState:
         snap = self.journal.load()
         now = self.clock()
         for rec in snap.nodes:
-            endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"])
+            nixl = base64.b64decode(rec.get("nixl", ""))
+            endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"], nixl)
             self.registry.register(rec["id"], endpoint, now)
         for rec in snap.segments:
             self.registry.mount(

@@ -45,6 +45,7 @@ class Endpoint:
     tcp_address: str = ""
     shm_host_id: str = ""
     rpc_address: str = ""
+    nixl_metadata: bytes = b""  # opaque to the master; see kvstore.transfer.nixl_pool
 
 
 @dataclass(slots=True)

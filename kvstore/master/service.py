@@ -54,7 +54,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RegisterNodeResponse:
         ep = request.endpoint
         self.state.register_node(
-            request.node_id, Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address)
+            request.node_id,
+            Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata),
         )
         cfg = self.state.config
         return master_pb2.RegisterNodeResponse(
@@ -224,7 +225,7 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
             node_id=n.node_id,
             endpoint=common_pb2.NodeEndpoint(
                 tcp_address=n.endpoint.tcp_address, shm_host_id=n.endpoint.shm_host_id,
-                rpc_address=n.endpoint.rpc_address,
+                rpc_address=n.endpoint.rpc_address, nixl_metadata=n.endpoint.nixl_metadata,
             ),
             ms_since_heartbeat=max(0, int((now - n.last_heartbeat) * 1000)),
         )
