@@ -3,7 +3,8 @@
 A Location names (node, tier, segment, offset, length); the data plane needs the
 node's TCP endpoint and host id (Stats.nodes) and the segment's size (Stats.segments).
 Segments their node mounted with `shm` set are /dev/shm files named like the segment:
-same-host clients map them.
+same-host clients map them. A node that serves NIXL publishes its agent metadata and
+segment bases in its endpoint (`nixl_metadata`): its segments then carry `nixl_meta`.
 The cache is refreshed from Stats when a location is unknown (a new node or segment).
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from kvstore.errors import BadRequestError
 from kvstore.transfer.base import SegmentDescriptor
+from kvstore.transfer.nixl_pool import segment_meta
 from kvstore.types import Location
 from kvstore.v1 import master_pb2
 
@@ -21,6 +23,7 @@ from kvstore.v1 import master_pb2
 class _Node:
     tcp_address: str
     host_id: str
+    nixl_metadata: bytes
 
 
 class SegmentDirectory:
@@ -37,7 +40,10 @@ class SegmentDirectory:
     def update(self, stats: master_pb2.StatsResponse) -> None:
         """Rebuild from a Stats reply (one atomic swap: readers never see half a table)."""
         nodes = {
-            n.node_id: _Node(n.endpoint.tcp_address, n.endpoint.shm_host_id) for n in stats.nodes
+            n.node_id: _Node(
+                n.endpoint.tcp_address, n.endpoint.shm_host_id, n.endpoint.nixl_metadata
+            )
+            for n in stats.nodes
         }
         descs: dict[tuple[str, str], SegmentDescriptor] = {}
         for seg in stats.segments:
@@ -48,6 +54,7 @@ class SegmentDirectory:
                 descs[(seg.node_id, seg.segment)] = SegmentDescriptor(
                     name=seg.segment, size=seg.capacity, host_id=node.host_id,
                     endpoint=node.tcp_address, shm=seg.shm,
+                    nixl_meta=segment_meta(node.nixl_metadata, seg.segment),
                 )  # fmt: skip
             except BadRequestError:
                 continue  # an endpoint we cannot parse: that segment stays unreachable

@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssd-mib", type=float, default=0.0, help="SSD segment size (0 = none)")
     p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
     p.add_argument("--join-timeout-s", type=float, default=30.0, help="wait for the master")
+    p.add_argument(
+        "--nixl", action=argparse.BooleanOptionalAction, default=None,
+        help="serve the DRAM segment by NIXL too (default: when NIXL is installed)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="WARNING")
     return p
 
@@ -40,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ssd_bytes=int(args.ssd_mib * MIB),
         heartbeat_s=args.heartbeat_s,
         join_timeout_s=args.join_timeout_s,
+        nixl=args.nixl,
     )
     run_node(config)
     return 0

@@ -21,6 +21,8 @@ class NodeConfig:
 
     `heartbeat_s` = 0 uses the interval the master asks for at registration.
     `ssd_dir` + `ssd_bytes` > 0 add an SSD segment (a preallocated file, mmap'd).
+    `nixl` None exposes the DRAM segment through a NIXL agent when NIXL is installed
+    (and logs a warning when the agent cannot start); True fails the start instead.
     """
 
     master: str
@@ -35,6 +37,7 @@ class NodeConfig:
     join_timeout_s: float = 0.0  # keep retrying an unreachable master this long at start
     alignment: int = 0  # allocation alignment the master uses in our segments; 0 = its default
     credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
+    nixl: bool | None = None  # serve DRAM by NIXL too: None = when installed, True = must
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)

@@ -1,5 +1,6 @@
 """The storage node: lends DRAM (and optionally SSD) segments to the pool and serves
-one-sided READ/WRITE into them over TCP; same-host peers map the DRAM segment.
+one-sided READ/WRITE into them over TCP; same-host peers map the DRAM segment, and
+when NIXL is installed a NIXL agent serves it too (metadata published via the master).
 
     node = StorageNode(NodeConfig(master="127.0.0.1:50051", dram_bytes=1 << 30))
     node.start()          # segments, TransferServer, RegisterNode + MountSegment, heartbeats
@@ -17,12 +18,16 @@ from types import FrameType
 
 import grpc
 
+from kvstore.errors import KVStoreError, TransferError
 from kvstore.master.server import grpc_options
 from kvstore.node.config import NodeConfig
 from kvstore.node.membership import Membership, MountSpec
 from kvstore.node.segments import LocalSegment, create_dram, create_ssd
 from kvstore.transfer.base import local_host_id
+from kvstore.transfer.nixl import NixlEngine, nixl_available
+from kvstore.transfer.nixl_pool import expose_all
 from kvstore.transfer.tcp_server import ServerConfig, TransferServer
+from kvstore.types import Tier
 from kvstore.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,8 @@ class StorageNode:
         self.server = TransferServer(ServerConfig(host=config.listen_host, port=config.tcp_port))
         self._channel: grpc.Channel | None = None
         self.membership: Membership | None = None
+        self.nixl: NixlEngine | None = None
+        self.nixl_metadata = b""  # NodeEndpoint.nixl_metadata; b"" = not served by NIXL
 
     @property
     def endpoint(self) -> str:
@@ -57,6 +64,7 @@ class StorageNode:
             self.server.start()
             for seg in self.segments:
                 self.server.expose(seg.name, seg.buffer, shm=seg.shm)
+            self._serve_nixl()
             self._join()
         except BaseException:
             self.stop(unmount=False)
@@ -69,10 +77,36 @@ class StorageNode:
         if cfg.ssd_bytes and cfg.ssd_dir:
             self.segments.append(create_ssd(cfg.node_id, cfg.ssd_dir, cfg.ssd_bytes))
 
+    def _serve_nixl(self) -> None:
+        """Expose the DRAM segments through a NIXL agent (see NodeConfig.nixl)."""
+        want = self.config.nixl
+        dram = [(s.name, s.buffer) for s in self.segments if s.tier == Tier.DRAM]
+        if want is False or not dram or (want is None and not nixl_available()):
+            return
+        try:
+            self.nixl = NixlEngine()
+            self.nixl_metadata = expose_all(self.nixl, dram)
+        except Exception as e:  # NIXL raises its own exception types
+            self._close_nixl()
+            if want and isinstance(e, KVStoreError):
+                raise
+            if want:
+                raise TransferError(f"NIXL agent did not start: {e}") from e
+            log.warning("NIXL agent did not start, serving TCP/shm only: %s", e)
+
+    def _close_nixl(self) -> None:
+        if self.nixl is not None:
+            self.nixl.close()
+            self.nixl = None
+        self.nixl_metadata = b""
+
     def _join(self) -> None:
         cfg = self.config
         self._channel = master_channel(cfg.master, cfg.credentials)
-        endpoint = common_pb2.NodeEndpoint(tcp_address=self.endpoint, shm_host_id=local_host_id())
+        endpoint = common_pb2.NodeEndpoint(
+            tcp_address=self.endpoint, shm_host_id=local_host_id(),
+            nixl_metadata=self.nixl_metadata,
+        )  # fmt: skip
         mounts = [MountSpec(s.name, s.tier, s.size, s.shm) for s in self.segments]
         self.membership = Membership(
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
@@ -87,6 +121,7 @@ class StorageNode:
         if self._channel is not None:
             self._channel.close()
         self.server.stop()
+        self._close_nixl()  # deregister before the memory is unmapped
         for seg in self.segments:
             seg.close()
 
