@@ -121,9 +121,13 @@ class DataPath:
         errors: list[Exception | None] = [None] * len(transfers)
         temps: list[str] = []
         reqs, index = [], []
+        reachable: set[int] = set()  # ids of the remote descriptors checked in this batch
         try:
             for i, t in enumerate(transfers):
                 try:
+                    if id(t.remote) not in reachable:
+                        self._check_reachable(t.remote)
+                        reachable.add(id(t.remote))
                     reqs.append(self._request(op, t, temps))
                     index.append(i)
                 except KVStoreError as exc:
@@ -139,7 +143,6 @@ class DataPath:
                 self.engine.unregister(name)
 
     def _request(self, op: TransferOp, t: Transfer, temps: list[str]) -> TransferRequest:
-        self._check_reachable(t.remote)
         found = self._find(t.view)
         if found is None:
             name = f"t{next(self._names)}"

@@ -60,6 +60,8 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
 
 def _order(ctx: OpContext, replicas: list[Location]) -> list[Location]:
     """Replicas this host can map first, then by tier (stable: the master's order)."""
+    if len(replicas) < 2:
+        return replicas
 
     def rank(loc: Location) -> tuple[bool, int]:
         desc = ctx.directory.descriptor(loc)
