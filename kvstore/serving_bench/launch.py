@@ -102,6 +102,9 @@ class Launcher:
                     return line.strip()
         raise UnavailableError(f"{name} not ready within {self.ready_timeout_s} s")
 
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self.procs if p.poll() is None]
+
     def master(self) -> str:
         return self.start("master", ["-m", "cli.main", "master", "--listen", "127.0.0.1:0"])
 

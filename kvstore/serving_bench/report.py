@@ -33,7 +33,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def mode_figures(run: ModeRun) -> dict[str, Any]:
     recs = run.records
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        "foreign_cpu_cores": {
+            phase: round(sum(v) / len(v), 2) for phase, v in run.foreign_cores.items() if v
+        }
+    }
     for phase, kinds in (("stream", ("stream",)), ("burst", ("stream",)), ("light", ("stream",))):
         if phase in recs:
             out[phase] = summarize(recs[phase], kinds).as_dict()
@@ -122,7 +126,10 @@ def _cell(x: float | None, unit: str = "") -> str:
 
 def render_table(report: dict[str, Any]) -> str:
     """Per mode and phase: TTFT and TBT p50/p99 (ms); then ratios and verdicts."""
-    head = f"{'mode':<14}{'phase':<8}{'TTFT p50':>10}{'TTFT p99':>10}{'TBT p50':>9}{'TBT p99':>9}"
+    head = (
+        f"{'mode':<14}{'phase':<8}{'TTFT p50':>10}{'TTFT p99':>10}{'TBT p50':>9}{'TBT p99':>9}"
+        f"{'other load':>11}"
+    )
     lines = [head, "-" * len(head)]
     for mode in ("colocated", "disaggregated"):
         fig = report[mode]
@@ -130,8 +137,11 @@ def render_table(report: dict[str, Any]) -> str:
             if phase not in fig:
                 continue
             cells = [_cell(_p(fig, phase, m, q)) for m, q in COLUMNS]
+            other = fig["foreign_cpu_cores"].get(phase)
+            cells.append("-" if other is None else f"{other:.2f} cpu")
             lines.append(
                 f"{mode:<14}{phase:<8}{cells[0]:>10}{cells[1]:>10}{cells[2]:>9}{cells[3]:>9}"
+                f"{cells[4]:>11}"
             )
         pre = fig.get("burst_prefill_ms", {}).get("p50")
         lines.append(f"{'':<14}long-prompt prefill p50 {_cell(pre, ' ms')}")

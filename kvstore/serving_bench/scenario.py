@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvstore.errors import BadRequestError
+from kvstore.serving_bench.hostload import ForeignLoad
 from kvstore.serving_bench.launch import Launcher, serving_argv, storage_argv
 from kvstore.serving_bench.loadgen import ColocatedTarget, DisaggTarget, Target, drive
 from kvstore.serving_bench.metrics import RequestRecord
@@ -114,9 +115,11 @@ class ModeRun:
 
     mode: str
     records: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    foreign_cores: dict[str, list[float]] = field(default_factory=dict)  # per phase run
 
-    def add(self, phase: str, records: list[RequestRecord]) -> None:
+    def add(self, phase: str, records: list[RequestRecord], foreign_cores: float = 0.0) -> None:
         self.records.setdefault(phase, []).extend(records)
+        self.foreign_cores.setdefault(phase, []).append(foreign_cores)
 
 
 @dataclass(slots=True)
@@ -177,7 +180,15 @@ async def _bench(
     slowdown: float | None,
     rounds: int,
     progress: Progress,
+    meter: ForeignLoad,
 ) -> BenchRun:
+    async def measured(
+        target: Target, arrivals: list[Arrival]
+    ) -> tuple[list[RequestRecord], float]:
+        meter.start()
+        records = await drive(arrivals, target)
+        return records, meter.stop()
+
     targets: dict[str, Target] = {
         "colocated": ColocatedTarget(clusters.colocated, sizes.model),
         "disaggregated": DisaggTarget(clusters.prefill, clusters.decode, sizes.model),
@@ -199,15 +210,15 @@ async def _bench(
             for name, arrivals in sizes.phases(factor, r, rounds).items():
                 for mode in MODES if r % 2 == 0 else MODES[::-1]:
                     progress(f"round {r + 1}/{rounds} {mode} {name}")
-                    run.runs[mode].add(name, await drive(arrivals, targets[mode]))
+                    run.runs[mode].add(name, *await measured(targets[mode], arrivals))
         progress(f"light load, {sizes.light_parts} alternating blocks per mode")
         for b, arrivals in enumerate(sizes.light_blocks(factor, sizes.light_parts)):
             for mode in MODES if b % 2 == 0 else MODES[::-1]:
-                run.runs[mode].add("light", await drive(arrivals, targets[mode]))
+                run.runs[mode].add("light", *await measured(targets[mode], arrivals))
         if sizes.long_count:
             progress("disaggregated long-prompt KV handoff probe")
-            probe = await drive(sizes.long_probe(), targets["disaggregated"])
-            run.runs["disaggregated"].add("long", probe)
+            probe = await measured(targets["disaggregated"], sizes.long_probe())
+            run.runs["disaggregated"].add("long", *probe)
         return run
     finally:
         await asyncio.gather(*(t.close() for t in targets.values()))
@@ -223,4 +234,5 @@ def run_bench(
     """Start both clusters, warm them up, run the interleaved phases."""
     progress("starting 2 colocated nodes, master, storage, prefill and decode nodes")
     clusters = start_clusters(sizes, launcher)
-    return asyncio.run(_bench(sizes, clusters, slowdown, rounds, progress))
+    meter = ForeignLoad(lambda: [os.getpid(), *launcher.pids()])
+    return asyncio.run(_bench(sizes, clusters, slowdown, rounds, progress, meter))

@@ -43,6 +43,7 @@ def test_interference_quick_json() -> None:
             assert 0 <= fig["tbt_ms"]["p50"] <= fig["tbt_ms"]["p99"] <= fig["tbt_ms"]["max"]
             assert fig["tbt_ms"]["n"] > fig["requests"]
         assert report[mode]["burst_prompts"]["requests"] > 0
+        assert set(report[mode]["foreign_cpu_cores"]) == set(PHASES)
         assert report[mode]["burst_prefill_ms"]["p50"] > 0
     dis = report["disaggregated"]
     assert dis["burst_prompts"]["kv_bytes"] > 0
