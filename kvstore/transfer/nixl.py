@@ -6,9 +6,11 @@ the segment descriptor then carries `nixl_meta` = base address (u64 LE) + this
 agent's metadata, which an initiator loads with `add_remote_agent`. Each submit
 posts one NIXL transfer per remote agent and polls it to completion in a thread.
 
-NIXL logs INFO lines to stdout on import and per agent; unless the user set
-NIXL_LOG_LEVEL, the import here asks for warnings only, and NIXL's console
-handler is moved to stderr (a library must not write on a program's stdout).
+UCX_MODULES defaults to "^efa" (see `_nixl_api`: without it every process that made
+an agent died of SIGSEGV at exit). NIXL logs INFO lines to stdout on import and per
+agent; unless the user set NIXL_LOG_LEVEL, the import here asks for warnings only,
+and NIXL's console handler is moved to stderr (a library must not write on a
+program's stdout).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ _MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
 @cache
 def _nixl_api() -> Any | None:
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")  # read once, when NIXL sets up logging
+    # UCX's EFA module links the system libefa -> libibverbs -> libnl beside the copies
+    # the wheel bundles; two libnl-route copies segfault in their destructors at exit.
+    os.environ.setdefault("UCX_MODULES", "^efa")  # IB/RDMA (mlx5) modules still load
     for module in _MODULES:
         try:
             api = importlib.import_module(module)
