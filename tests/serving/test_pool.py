@@ -1,6 +1,6 @@
 """Token identity across processes through the pool: a master and one storage node
 (DRAM-only or SSD-only segment) as real processes, a prefill node and a decode node
-process per transport (shm, tcp). Every output must equal colocated generation
+process per transport (shm, tcp, nixl when installed). Every output must equal colocated generation
 (`Engine.generate`, which the colocated node reproduces: test_nodes.py), for
 (b) a cold prompt, (c)/(d) a second prompt whose prefix is served from the DRAM /
 SSD segment, a fully cached prompt, a prompt whose blocks were removed
@@ -28,6 +28,7 @@ from kvstore.serving.prefill import PrefillWorker
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
 from kvstore.serving.store import PoolBlockStore
+from kvstore.transfer.nixl import nixl_available
 from kvstore.types import Tier
 from tests.cluster import Cluster
 from tests.serving.helpers import start_nodes, submit
@@ -35,15 +36,18 @@ from tests.serving.helpers import start_nodes, submit
 pytestmark = pytest.mark.slow
 # An SSD segment is a file, not shared memory: a client forced to shm cannot map it
 # (INVALID_ARGUMENT "cannot be mapped from this host"), so SSD runs over tcp only.
-# NIXL: storage nodes do not publish NIXL metadata for their segments yet (a client
-# forced to nixl gets INVALID_ARGUMENT "segment has no NIXL metadata"); add
-# ("dram", "nixl") here when they do.
+# NIXL: storage nodes serve their DRAM segment (not SSD) by NIXL when it is installed.
 # (tier, transport, kv objects): per-(block, layer) objects everywhere, per-block once.
 STACKS = [
     ("dram", "shm", "layer"),
     ("dram", "tcp", "layer"),
     ("ssd", "tcp", "layer"),
     ("dram", "shm", "block"),
+    ("dram", "nixl", "layer"),
+]
+NEEDS_NIXL = pytest.mark.skipif(not nixl_available(), reason="NIXL not installed")
+PARAMS = [
+    pytest.param(s, id="-".join(s), marks=NEEDS_NIXL if s[1] == "nixl" else ()) for s in STACKS
 ]
 TIERS = {"dram": Tier.DRAM, "ssd": Tier.SSD}
 
@@ -79,7 +83,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str
         c.close()
 
 
-@pytest.fixture(scope="module", params=STACKS, ids=["-".join(s) for s in STACKS])
+@pytest.fixture(scope="module", params=PARAMS)
 def stack(
     clusters: Callable[[str], Cluster], request: pytest.FixtureRequest
 ) -> Iterator[dict[str, Any]]:
