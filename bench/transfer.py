@@ -8,8 +8,8 @@ blocking sockets between two processes, same connection count, same sizes).
 Targets: shm/nixl get >= 0.7x memcpy (objects >= 1 MiB); tcp >= 0.7x raw socket.
 
 Store rows (bench/transfer_stores.py; skip with --no-stores): a kvstore client per
-transport (kv-shm, kv-tcp) against a `kvstore master` + `kvstore node` in other
-processes, and Mooncake Store (its mooncake_master on 127.0.0.1 and a client
+transport (kv-shm, kv-tcp, kv-nixl when installed) against a `kvstore master` +
+`kvstore node` in other processes, and Mooncake Store (its mooncake_master on 127.0.0.1 and a client
 process holding the segment) when `mooncake` imports. Each kv row is also shown
 against the Mooncake row of the same size and op: target >= 3x.
 
@@ -204,12 +204,17 @@ def transport_runners(ctx: Ctx, size: int, kinds: list[str]) -> list[Runner]:
     return runners
 
 
+def kv_transports() -> list[str]:
+    """Transports of the kvstore-client rows (nodes serve DRAM by NIXL when installed)."""
+    return ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
+
+
 def extra_runners(ctx: Ctx, size: int) -> list[Runner]:
     """kvstore-client runners per transport and Mooncake-store runners (timed interleaved)."""
     if ctx.pools is None:
         return []
     made = []
-    for transport in ("shm", "tcp"):  # storage nodes publish no NIXL metadata (yet)
+    for transport in kv_transports():
         made += kvstore_runners(ctx.pools, ctx.total, size, transport)
     if ctx.pools.mc_store is not None:
         made += mooncake_runners(ctx.pools, ctx.total, size)
@@ -347,8 +352,9 @@ def measure_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
     pools = None
     try:
         if not args.no_stores:
-            # kv: get + put objects of two transports; Mooncake: get + put objects
-            pools = start_pools(4 * total + 64 * MiB, 2 * total + 64 * MiB, mooncake_available())
+            # kv: get + put objects per transport; Mooncake: get + put objects
+            kv_bytes = 2 * total * len(kv_transports()) + 64 * MiB
+            pools = start_pools(kv_bytes, 2 * total + 64 * MiB, mooncake_available())
         ctx = Ctx(desc, total, repeats, args.connections, port_rx.recv(), pools)
         rows = run_all(ctx, kinds)
     finally:
