@@ -21,6 +21,7 @@ from kvstore.serving.jobs import DecodeJob, JobEvent
 from kvstore.serving.node import (
     NodeServer,
     add_common_args,
+    identity_stats,
     open_store,
     process_config,
     run_node,
@@ -39,8 +40,11 @@ SERVICE_NAME = "kvstore.v1.DecodeService"
 
 
 class DecodeServicer(serving_pb2_grpc.DecodeServiceServicer):
-    def __init__(self, config: ServingConfig, store: BlockStore | None) -> None:
+    def __init__(
+        self, config: ServingConfig, store: BlockStore | None, pool_segment: bool = False
+    ) -> None:
         self.config = config
+        self.pool_segment = pool_segment
         self.scheduler = DecodeScheduler(config, build_engine(config), store)
 
     @translate_stream
@@ -100,28 +104,20 @@ class DecodeServicer(serving_pb2_grpc.DecodeServiceServicer):
         self, request: pb.ServingStatsRequest, context: object
     ) -> pb.ServingStatsResponse:
         s = self.scheduler.stats()
-        return pb.ServingStatsResponse(
-            node_id=self.config.node_id,
-            role=self.config.role,
-            model_id=self.config.model_id,
-            free_blocks=s.free_blocks,
-            total_blocks=s.total_blocks,
-            running=s.running,
-            waiting=s.waiting,
-            requests_done=s.done,
-            requests_failed=s.failed,
-            steps=s.steps,
-            block_tokens=self.config.block_tokens,
-        )
+        out = identity_stats(self.config, self.pool_segment)
+        out.free_blocks, out.total_blocks = s.free_blocks, s.total_blocks
+        out.running, out.waiting, out.steps = s.running, s.waiting, s.steps
+        out.requests_done, out.requests_failed = s.done, s.failed
+        return out
 
     def close(self) -> None:
         self.scheduler.stop()
 
 
 async def serve(
-    config: ServingConfig, store: BlockStore | None, listen: str
+    config: ServingConfig, store: BlockStore | None, listen: str, pool_segment: bool = False
 ) -> tuple[NodeServer, DecodeServicer]:
-    servicer = DecodeServicer(config, store)
+    servicer = DecodeServicer(config, store, pool_segment)
     node = await start_server(
         listen,
         lambda s: serving_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s),
@@ -156,12 +152,13 @@ def main(argv: list[str] | None = None) -> None:
             on_finish=args.on_finish,
             max_batch=args.max_batch,
         )
-        store = open_store(args)
+        store = open_store(args, config.node_id)
     except (KVStoreError, OSError, ValueError) as exc:
         parser.error(str(exc))
 
     async def run() -> None:
-        node, servicer = await serve(config, store, args.listen)
+        segment = bool(args.master and args.segment_bytes)
+        node, servicer = await serve(config, store, args.listen, segment)
         stop = stop_on_signal()
         print(f"{role} node listening on {node.address}", flush=True)
         try:

@@ -1,13 +1,17 @@
 """The PrefillService: validate, queue on one compute thread, prefill, answer.
 
 Requests run one at a time on a single compute thread (the model uses every core
-it is given); the time a request waits for that thread is its `queue_s`.
+it is given); the time a request waits for that thread is its `queue_s`. Stats
+report the node's identity (what names its pool keys) and its queue: requests and
+prompt tokens waiting for the compute thread. A background task removes handed-off
+tails that no decode node consumed within `tail_ttl_s`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +22,7 @@ from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.serving.node import (
     NodeServer,
     add_common_args,
+    identity_stats,
     open_store,
     process_config,
     run_node,
@@ -26,6 +31,7 @@ from kvstore.serving.node import (
     stop_on_signal,
 )
 from kvstore.serving.prefill import PrefillResult, PrefillWorker
+from kvstore.serving.prefill_queue import PrefillQueue, Ticket
 from kvstore.serving.request import Request
 from kvstore.serving.store import BlockStore
 from kvstore.v1 import serving_pb2 as pb
@@ -35,11 +41,16 @@ SERVICE_NAME = "kvstore.v1.PrefillService"
 
 
 class PrefillServicer(serving_pb2_grpc.PrefillServiceServicer):
-    def __init__(self, config: ServingConfig, store: BlockStore) -> None:
+    def __init__(
+        self, config: ServingConfig, store: BlockStore, pool_segment: bool = False
+    ) -> None:
         self.config = config
+        self.pool_segment = pool_segment
         self.worker = PrefillWorker(config, build_engine(config), store)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="prefill")
         self._done = self._failed = 0
+        self.queue = PrefillQueue()
+        self._sweeper: asyncio.Task[None] | None = None
 
     @translate
     async def Prefill(self, request: pb.PrefillRequest, context: object) -> pb.PrefillResponse:
@@ -48,33 +59,56 @@ class PrefillServicer(serving_pb2_grpc.PrefillServiceServicer):
         req.check_fits(self.worker.engine.config)
         arrival = time.perf_counter()
         loop = asyncio.get_running_loop()
+        ticket = self.queue.add(len(req.prompt))
         try:
-            queue_s, result = await loop.run_in_executor(self._compute, self._run, req, arrival)
+            queue_s, result = await loop.run_in_executor(
+                self._compute, self._run, req, arrival, ticket
+            )
         except Exception:
             self._failed += 1
             raise
+        finally:
+            self.queue.drop(ticket)  # a no-op unless it never left the queue
         self._done += 1
         return convert.prefill_response(result, req, queue_s)
 
-    def _run(self, req: Request, arrival: float) -> tuple[float, PrefillResult]:
+    def _run(self, req: Request, arrival: float, ticket: Ticket) -> tuple[float, PrefillResult]:
         queue_s = time.perf_counter() - arrival
-        return queue_s, self.worker.prefill(req)
+        self.queue.start(ticket)
+        try:
+            return queue_s, self.worker.prefill(req)
+        finally:
+            self.queue.end(ticket)
 
     @translate
     async def Stats(
         self, request: pb.ServingStatsRequest, context: object
     ) -> pb.ServingStatsResponse:
         pool = self.worker.kv.pool
-        return pb.ServingStatsResponse(
-            node_id=self.config.node_id,
-            role="prefill",
-            model_id=self.config.model_id,
-            free_blocks=pool.free_count,
-            total_blocks=pool.num_blocks,
-            requests_done=self._done,
-            requests_failed=self._failed,
-            block_tokens=self.config.block_tokens,
-        )
+        out = identity_stats(self.config, self.pool_segment)
+        out.free_blocks, out.total_blocks = pool.free_count, pool.num_blocks
+        q = self.queue.counts()
+        out.running, out.waiting, out.waiting_tokens = q.running, q.waiting, q.waiting_tokens
+        out.requests_done, out.requests_failed = self._done, self._failed
+        return out
+
+    def start_sweeper(self) -> None:
+        """Sweep expired tails every quarter TTL (at most every 10 s), off the loop."""
+        if self.worker.tails is not None:
+            period = min(self.config.tail_ttl_s / 4, 10.0)
+            self._sweeper = asyncio.create_task(self._sweep_forever(period))
+
+    async def _sweep_forever(self, period_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period_s)
+            await loop.run_in_executor(None, self.worker.sweep_tails)
+
+    async def stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
 
     def close(self) -> None:
         self._compute.shutdown(wait=True)
@@ -82,9 +116,10 @@ class PrefillServicer(serving_pb2_grpc.PrefillServiceServicer):
 
 
 async def serve(
-    config: ServingConfig, store: BlockStore, listen: str
+    config: ServingConfig, store: BlockStore, listen: str, pool_segment: bool = False
 ) -> tuple[NodeServer, PrefillServicer]:
-    servicer = PrefillServicer(config, store)
+    servicer = PrefillServicer(config, store, pool_segment)
+    servicer.start_sweeper()
     node = await start_server(
         listen,
         lambda s: serving_pb2_grpc.add_PrefillServiceServicer_to_server(servicer, s),
@@ -96,24 +131,28 @@ async def serve(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="prefill_node", description=__doc__.splitlines()[0])
     add_common_args(parser)
+    ttl_help = "remove a handed-off tail block not consumed within this many s (0: never)"
+    parser.add_argument("--tail-ttl-s", type=float, default=600.0, help=ttl_help)
     args = parser.parse_args(argv)
     try:
         process_config(args).apply()
-        config = serving_config(args, "prefill")
-        store = open_store(args)
+        config = serving_config(args, "prefill", tail_ttl_s=args.tail_ttl_s)
+        store = open_store(args, config.node_id)
     except (KVStoreError, OSError, ValueError) as exc:
         parser.error(str(exc))
     if store is None:
         parser.error("a prefill node needs --master (or --local-store-bytes)")
 
     async def run() -> None:
-        node, servicer = await serve(config, store, args.listen)
+        segment = bool(args.master and args.segment_bytes)
+        node, servicer = await serve(config, store, args.listen, segment)
         stop = stop_on_signal()
         print(f"prefill node listening on {node.address}", flush=True)
         try:
             await stop.wait()
         finally:
             await node.server.stop(0.5)
+            await servicer.stop_sweeper()
             servicer.close()
             store.close()
 

@@ -5,7 +5,11 @@
 
 Prints one line `conductor listening on <host:port>` once it serves; runs until
 SIGINT/SIGTERM. A bad flag (unknown policy or profile) exits with status 2 and a
-message naming the valid values.
+message naming the valid values. What names the pool keys (seed, batching mode,
+layers, block size, object shape) and each decode node's local-prefill limit are
+read from the nodes' Stats; --seed, --batched/--no-batched, --kv-objects and
+--local-prefill-tokens override them (a node that differs from a stated value is
+refused and logged).
 """
 
 from __future__ import annotations
@@ -37,9 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--policy", default="cache_load", help="default placement policy")
     add("--profile", default=DEFAULT_PROFILE, help="latency profile the policies predict with")
     add("--tbt-budget-s", type=float, default=0.1, help="TBT budget without a request SLO")
-    add("--seed", type=int, default=0, help="the nodes' weight seed (names pool keys)")
-    add("--batched", action="store_true", help="the nodes run --batched (names pool keys)")
-    add("--local-prefill-tokens", type=int, default=0, help="the decode nodes' local limit")
+    told = "; default: what the nodes report"
+    add("--seed", type=int, default=None, help="require this weight seed" + told)
+    batched_help = "require nodes run with (or without) --batched" + told
+    add("--batched", action=argparse.BooleanOptionalAction, default=None, help=batched_help)
+    objects_help = "require this KV object shape" + told
+    add("--kv-objects", choices=["layer", "block"], default=None, help=objects_help)
+    local_help = "the decode nodes' local-prefill limit" + told
+    add("--local-prefill-tokens", type=int, default=None, help=local_help)
     add("--refresh-s", type=float, default=1.0, help="how often to refresh node Stats")
     add("--timeout-s", type=float, default=60.0, help="deadline of each node call")
     return p
@@ -56,7 +65,8 @@ def config_from_args(args: argparse.Namespace) -> ConductorConfig:
         profile=args.profile,
         tbt_budget_s=args.tbt_budget_s,
         seed=args.seed,
-        batch_invariant=not args.batched,
+        batch_invariant=None if args.batched is None else not args.batched,
+        kv_objects=args.kv_objects,
         local_prefill_tokens=args.local_prefill_tokens,
         refresh_s=args.refresh_s,
         rpc_timeout_s=args.timeout_s,

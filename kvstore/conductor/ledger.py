@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvstore.conductor.api import NodeState, Role
+from kvstore.conductor.identity import KeyIdentity
 from kvstore.errors import BadRequestError, ExistsError, NotFoundError
 
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
-    """What a serving node told the conductor about itself (its Stats)."""
+    """What a serving node told the conductor about itself (its Stats): its id, role,
+    KV capacity, the identity that names its pool keys (None: not reported) and, for a
+    decode node, the longest prompt it prefills itself (Generate)."""
 
     address: str
     node_id: str
@@ -27,10 +30,14 @@ class NodeInfo:
     model_id: str
     block_tokens: int
     total_blocks: int
+    identity: KeyIdentity | None = None
+    local_prefill_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.node_id or self.block_tokens <= 0 or self.total_blocks < 0:
             raise BadRequestError(f"bad node info from {self.address}: {self}")
+        if self.local_prefill_tokens < 0:
+            raise BadRequestError(f"bad local_prefill_tokens from {self.address}")
 
     @property
     def kv_capacity_tokens(self) -> int:

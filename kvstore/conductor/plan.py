@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from kvstore.conductor.api import Decision
 from kvstore.conductor.errors import RejectedError
-from kvstore.errors import BadRequestError
 from kvstore.v1 import conductor_pb2 as cpb
 from kvstore.v1 import serving_pb2 as spb
 
@@ -53,14 +52,6 @@ class Plan:
 
     def since(self) -> float:
         return time.perf_counter() - self.arrival
-
-
-def one_block_size(entries: list[NodeEntry]) -> int:
-    """The nodes' common KV block size; BadRequestError when they disagree."""
-    sizes = {e.info.block_tokens for e in entries if e.info is not None}
-    if len(sizes) != 1:
-        raise BadRequestError(f"serving nodes disagree on block_tokens: {sorted(sizes)}")
-    return sizes.pop()
 
 
 def placement(plan: Plan) -> cpb.Placement:

@@ -1,6 +1,11 @@
 """The conductor's gRPC plumbing: channels to the serving nodes and the master, the
 node directory (refreshed from each node's Stats), and starting the server.
 
+Each refresh reads every node's serving identity (what names its pool keys) and
+admits the nodes in command-line order: the first node of a model pins the model's
+identity (after the operator's explicit overrides); a node that differs is refused,
+logged and left out of placement until it agrees (see `identity.py`).
+
     python -m kvstore.conductor --listen 127.0.0.1:0 --master 127.0.0.1:50051 \
         --prefill 127.0.0.1:7001 --decode 127.0.0.1:7002 --policy cache_load
 
@@ -11,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore.conductor.api import Role
+from kvstore.conductor.identity import IdentityBook, KeyIdentity
 from kvstore.conductor.ledger import NodeInfo
 from kvstore.conductor.service import GRPC_OPTIONS, ConductorServicer, rpc_error
 from kvstore.conductor.service_config import ConductorConfig
@@ -30,6 +37,7 @@ from kvstore.errors import (
 from kvstore.v1 import conductor_pb2_grpc, master_pb2_grpc, serving_pb2, serving_pb2_grpc
 
 SERVICE_NAME = "kvstore.v1.Conductor"
+log = logging.getLogger("kvstore.conductor")
 ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE, "colocated": Role.COLOCATED}
 
 
@@ -55,6 +63,8 @@ class NodeDirectory:
 
     def __init__(self, config: ConductorConfig) -> None:
         self.timeout_s = config.match_timeout_s
+        self.local_prefill_tokens = config.local_prefill_tokens  # None: each node's own
+        self.identities = IdentityBook(config.overrides)
         self.entries: list[NodeEntry] = []
         for address in config.prefill:
             self.entries.append(self._entry(address, prefill=True))
@@ -69,22 +79,50 @@ class NodeDirectory:
         return NodeEntry(address, channel, None, serving_pb2_grpc.DecodeServiceStub(channel))
 
     async def refresh(self) -> None:
-        """Ask every node for its Stats at once; a node that fails is marked unhealthy."""
-        await asyncio.gather(*(self._refresh(e) for e in self.entries))
+        """Ask every node for its Stats at once, then admit them in command-line order; a
+        node that fails to answer, or whose identity differs, is marked unhealthy."""
+        answers = await asyncio.gather(*(self._stats(e) for e in self.entries))
+        for entry, answer in zip(self.entries, answers, strict=True):
+            self._admit(entry, answer)
 
-    async def _refresh(self, entry: NodeEntry) -> None:
+    async def _stats(self, entry: NodeEntry) -> serving_pb2.ServingStatsResponse | str:
         stub = entry.prefill if entry.prefill is not None else entry.decode
         assert stub is not None
         try:
-            stats = await stub.Stats(serving_pb2.ServingStatsRequest(), timeout=self.timeout_s)
-            info = _node_info(entry, stats)
+            return await stub.Stats(serving_pb2.ServingStatsRequest(), timeout=self.timeout_s)
         except grpc.RpcError as err:
-            entry.error = str(rpc_error(err))
+            return str(rpc_error(err))
+
+    def _admit(self, entry: NodeEntry, answer: serving_pb2.ServingStatsResponse | str) -> None:
+        if isinstance(answer, str):
+            self._set_error(entry, answer)
             return
+        entry.stats = answer
+        try:
+            info = _node_info(entry, answer, self.local_prefill_tokens)
         except KVStoreError as exc:
-            entry.error = str(exc)
+            self._set_error(entry, str(exc))
             return
-        entry.info, entry.stats, entry.error = info, stats, ""
+        entry.info = info
+        assert info.identity is not None
+        self._set_error(entry, self.identities.admit(entry.address, info.identity))
+
+    @staticmethod
+    def _set_error(entry: NodeEntry, error: str) -> None:
+        """Record a node's state; log when it changes (not at every refresh)."""
+        if error != entry.error:
+            if error:
+                log.warning("serving node %s left out: %s", entry.address, error)
+            else:
+                log.info("serving node %s admitted", entry.address)
+        entry.error = error
+
+    def identity(self, model_id: str) -> KeyIdentity:
+        """The pinned identity of `model_id` (after `healthy` found a node serving it)."""
+        identity = self.identities.of(model_id)
+        if identity is None:
+            raise NotFoundError(f"no serving node serves model {model_id!r}")
+        return identity
 
     def mark_failed(self, node_id: str, why: str) -> None:
         """A call to the node failed as unavailable: leave it out until its Stats answer."""
@@ -120,7 +158,9 @@ class NodeDirectory:
             await entry.channel.close()
 
 
-def _node_info(entry: NodeEntry, stats: serving_pb2.ServingStatsResponse) -> NodeInfo:
+def _node_info(
+    entry: NodeEntry, stats: serving_pb2.ServingStatsResponse, local_prefill: int | None
+) -> NodeInfo:
     role = ROLES.get(stats.role)
     if role is None:
         raise BadRequestError(f"{entry.address} reports an unknown role {stats.role!r}")
@@ -134,6 +174,21 @@ def _node_info(entry: NodeEntry, stats: serving_pb2.ServingStatsResponse) -> Nod
         model_id=stats.model_id,
         block_tokens=stats.block_tokens,
         total_blocks=stats.total_blocks,
+        identity=_identity(entry.address, stats),
+        local_prefill_tokens=stats.local_prefill_tokens if local_prefill is None else local_prefill,
+    )
+
+
+def _identity(address: str, stats: serving_pb2.ServingStatsResponse) -> KeyIdentity:
+    if not stats.num_layers or not stats.kv_objects:
+        raise BadRequestError(f"{address} reports no serving identity (an older node?)")
+    return KeyIdentity(
+        model_id=stats.model_id,
+        seed=stats.seed,
+        batch_invariant=stats.batch_invariant,
+        num_layers=stats.num_layers,
+        block_tokens=stats.block_tokens,
+        kv_objects=stats.kv_objects,
     )
 
 

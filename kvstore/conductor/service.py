@@ -32,10 +32,10 @@ from kvstore.conductor.base import PolicyBase
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.index import MatchAnswerIndex, Run
 from kvstore.conductor.ledger import Ledger
-from kvstore.conductor.plan import Counters, Plan, one_block_size, placement, retry_metadata
+from kvstore.conductor.plan import Counters, Plan, placement, retry_metadata
 from kvstore.conductor.profiles import load_profile
 from kvstore.conductor.registry import POLICIES, make_policy
-from kvstore.conductor.service_config import ConductorConfig, PoolKeys
+from kvstore.conductor.service_config import ConductorConfig
 from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
 from kvstore.rpc_errors import error_for_status, status_for
 from kvstore.types import Tier
@@ -74,7 +74,6 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         self.master = master
         self.ledger = Ledger()
         self.counters = Counters()
-        self.keys = PoolKeys(config.seed, config.batch_invariant)
         self._profile = load_profile(config.profile)
         self._policies: dict[str, PolicyBase] = {}
 
@@ -138,6 +137,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
             out.node_id, out.role, out.model_id = s.node_id, s.role, s.model_id
             out.block_tokens, out.total_blocks = s.block_tokens, s.total_blocks
             out.free_blocks, out.running = s.free_blocks, s.running
+            out.report.CopyFrom(s)
         if entry.info is not None:
             load = self.ledger.load(entry.info.node_id, time.perf_counter())
             out.inflight_prefills = load.prefills
@@ -162,9 +162,10 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         spec.prompt_token_ids[:] = list(prompt)
         spec.request_id = spec.request_id or f"conductor-{uuid.uuid4().hex[:12]}"
         entries = self.directory.healthy(spec.model_id)
-        block_tokens = one_block_size(entries)
-        hashes = self.keys.hashes(spec.model_id, block_tokens, prompt)
-        index = await self._match(self.keys.keys(spec.model_id, hashes))
+        identity = self.directory.identity(spec.model_id)  # the same for every healthy node
+        block_tokens = identity.block_tokens
+        hashes = identity.hashes(prompt)
+        index = await self._match(identity.keys(hashes))
         now = time.perf_counter()
         nodes = tuple(self.ledger.node_state(e.info, now) for e in entries if e.info)
         view = ClusterView(nodes, index, pooled=True, block_tokens=block_tokens)
@@ -228,7 +229,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         assert decode.info is not None
         if decode.info.role == Role.COLOCATED:
             return True
-        return prompt_tokens <= self.config.local_prefill_tokens
+        return prompt_tokens <= decode.info.local_prefill_tokens
 
     @staticmethod
     def _least_loaded_prefill(view: ClusterView, decode_address: str) -> str:

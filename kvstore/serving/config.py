@@ -39,6 +39,8 @@ class ServingConfig:
     kv_objects: store objects per (block, layer), published layer by layer, or per
       block (all layers; fewer, larger objects), published per chunk. A decode node
       reads whatever shape the handoff names.
+    tail_ttl_s: a prefill node removes a handed-off tail block that no decode node
+      consumed within this many seconds (0: never; it then stays until evicted).
     """
 
     model_id: str = "tiny"
@@ -55,6 +57,7 @@ class ServingConfig:
     kv_objects: str = "layer"
     device: str = "auto"
     node_id: str = ""
+    tail_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.model_id not in MODELS:
@@ -71,8 +74,8 @@ class ServingConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise BadRequestError(f"{name} must be a positive int, got {value!r}")
-        if self.local_prefill_tokens < 0 or self.seed < 0:
-            raise BadRequestError("local_prefill_tokens and seed must be >= 0")
+        if self.local_prefill_tokens < 0 or self.seed < 0 or self.tail_ttl_s < 0:
+            raise BadRequestError("local_prefill_tokens, seed and tail_ttl_s must be >= 0")
 
     @property
     def layered(self) -> bool:

@@ -26,6 +26,7 @@ from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.rpc_errors import status_for
 from kvstore.serving.config import MODELS, ProcessConfig, ServingConfig, parse_cpus
 from kvstore.serving.store import BlockStore, LocalBlockStore, PoolBlockStore
+from kvstore.v1 import serving_pb2 as pb
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -41,7 +42,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="weight seed (all nodes must agree)")
     add("--master", default="", help="master host:port of the KV pool")
     add("--transport", default="auto", help="pool data plane: auto | shm | tcp | nixl")
-    add("--segment-bytes", type=int, default=0, help="DRAM segment this node adds to the pool")
+    seg_help = (
+        "DRAM segment this node contributes to the pool under its node id: the blocks it "
+        "publishes land there first, and prefix matches name it"
+    )
+    add("--segment-bytes", type=int, default=0, help=seg_help)
     add("--local-store-bytes", type=int, default=0, help="in-process DRAM store (no master)")
     add("--num-blocks", type=int, default=512, help="KV blocks of the node's pool")
     add("--block-tokens", type=int, default=16)
@@ -75,11 +80,18 @@ def process_config(args: argparse.Namespace) -> ProcessConfig:
     return ProcessConfig(cpus=parse_cpus(args.cpus), torch_threads=args.torch_threads)
 
 
-def open_store(args: argparse.Namespace) -> BlockStore | None:
-    """The pool client when --master is given, else a local store, else None."""
+def open_store(args: argparse.Namespace, node_id: str) -> BlockStore | None:
+    """The pool client when --master is given, else a local store, else None.
+
+    The pool client's id is the serving node's id, so a contributed segment
+    (--segment-bytes) is the pool node `node_id`: its puts prefer it, and the master's
+    prefix matches name the serving node that holds a block."""
     if args.master:
         return PoolBlockStore.connect(
-            args.master, transport=args.transport, segment_bytes=args.segment_bytes
+            args.master,
+            transport=args.transport,
+            segment_bytes=args.segment_bytes,
+            client_id=node_id,
         )
     if args.local_store_bytes:
         from kvstore.tiers.dram import DramTier
@@ -89,6 +101,22 @@ def open_store(args: argparse.Namespace) -> BlockStore | None:
         tier = DramTier(DramConfig(capacity_bytes=args.local_store_bytes))
         return LocalBlockStore(TieredStore([tier]))
     return None
+
+
+def identity_stats(config: ServingConfig, pool_segment: bool) -> pb.ServingStatsResponse:
+    """The Stats fields that name the node and its pool keys (see serving.proto)."""
+    return pb.ServingStatsResponse(
+        node_id=config.node_id,
+        role=config.role,
+        model_id=config.model_id,
+        block_tokens=config.block_tokens,
+        seed=config.seed,
+        batch_invariant=config.batch_invariant,
+        num_layers=config.model.layers,
+        kv_objects=config.kv_objects,
+        local_prefill_tokens=config.local_prefill_tokens,
+        pool_segment=pool_segment,
+    )
 
 
 @dataclass(slots=True)

@@ -10,7 +10,9 @@ Per request (one at a time, on the caller's thread):
    under a request-scoped key) are handed to the `KVPublisher`, which writes them
    while layers i+1.. compute (whole blocks: after the chunk's last layer, while the
    next chunk computes);
-4. sample the first token, wait for the publisher, free the local blocks.
+4. sample the first token, wait for the publisher, free the local blocks;
+5. remember the handed-off tail, removed if not consumed within `tail_ttl_s`
+   (`TailSweeper`; expired tails are swept before each prefill and by the node).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +39,7 @@ from kvstore.serving.kv_io import (
 from kvstore.serving.publisher import KVPublisher
 from kvstore.serving.request import Handoff, Request, sample_token
 from kvstore.serving.store import BlockStore
+from kvstore.serving.tails import TailSweeper
 from kvstore.tiers.kv_layout import HbmConfig
 from kvstore.tiers.kv_pool import HbmKVPool
 
@@ -71,6 +75,7 @@ class PrefillWorker:
         store: BlockStore,
         *,
         publish_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -82,10 +87,13 @@ class PrefillWorker:
         self._registered = register_layers(store, self.kv)
         self.layered = config.layered
         self.publish_timeout_s = publish_timeout_s
+        ttl = config.tail_ttl_s
+        self.tails = TailSweeper(store, ttl, clock) if ttl > 0 else None
 
     def prefill(self, req: Request) -> PrefillResult:
         start = time.perf_counter()
         req.check_fits(self.engine.config)
+        self.sweep_tails()
         bt = self.config.block_tokens
         hashes = block_hashes(req.prompt, bt, self.namespace)
         n_blocks = -(-len(req.prompt) // bt)
@@ -93,10 +101,17 @@ class PrefillWorker:
         if ids is None:
             raise NoSpaceError(f"prompt needs {n_blocks} KV blocks, {self.kv.pool.free_count} free")
         try:
-            return self._run(req, hashes, ids, start)
+            result = self._run(req, hashes, ids, start)
         finally:
             for b in ids:
                 self.kv.pool.decref(b)
+        if self.tails is not None and result.handoff.tail_key:
+            self.tails.track(self._keys(result.handoff.tail_key))
+        return result
+
+    def sweep_tails(self) -> int:
+        """Remove handed-off tails past their TTL; how many were still in the store."""
+        return 0 if self.tails is None else self.tails.sweep()
 
     def _run(
         self, req: Request, hashes: list[bytes], ids: list[int], start: float

@@ -84,7 +84,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("address", "node_id", "role", "model_id", "healthy", "error", "block_tokens", "total_blocks", "free_blocks", "running", "inflight_prefills", "inflight_prefill_tokens", "inflight_decodes", "reserved_kv_tokens", "est_queue_wait_s", "routed_prefills", "routed_decodes")
+    __slots__ = ("address", "node_id", "role", "model_id", "healthy", "error", "block_tokens", "total_blocks", "free_blocks", "running", "inflight_prefills", "inflight_prefill_tokens", "inflight_decodes", "reserved_kv_tokens", "est_queue_wait_s", "routed_prefills", "routed_decodes", "report")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class NodeStatus(_message.Message):
     EST_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     ROUTED_PREFILLS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_DECODES_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     address: str
     node_id: str
     role: str
@@ -119,7 +120,8 @@ class NodeStatus(_message.Message):
     est_queue_wait_s: float
     routed_prefills: int
     routed_decodes: int
-    def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., block_tokens: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., inflight_prefills: _Optional[int] = ..., inflight_prefill_tokens: _Optional[int] = ..., inflight_decodes: _Optional[int] = ..., reserved_kv_tokens: _Optional[int] = ..., est_queue_wait_s: _Optional[float] = ..., routed_prefills: _Optional[int] = ..., routed_decodes: _Optional[int] = ...) -> None: ...
+    report: _serving_pb2.ServingStatsResponse
+    def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., block_tokens: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., inflight_prefills: _Optional[int] = ..., inflight_prefill_tokens: _Optional[int] = ..., inflight_decodes: _Optional[int] = ..., reserved_kv_tokens: _Optional[int] = ..., est_queue_wait_s: _Optional[float] = ..., routed_prefills: _Optional[int] = ..., routed_decodes: _Optional[int] = ..., report: _Optional[_Union[_serving_pb2.ServingStatsResponse, _Mapping]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("policy", "policies", "nodes", "requests", "rejected", "failed", "local_prefills", "remote_prefills")

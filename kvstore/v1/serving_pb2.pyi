@@ -155,7 +155,7 @@ class ServingStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServingStatsResponse(_message.Message):
-    __slots__ = ("node_id", "role", "model_id", "free_blocks", "total_blocks", "running", "waiting", "requests_done", "requests_failed", "steps", "block_tokens")
+    __slots__ = ("node_id", "role", "model_id", "free_blocks", "total_blocks", "running", "waiting", "requests_done", "requests_failed", "steps", "block_tokens", "seed", "batch_invariant", "num_layers", "kv_objects", "local_prefill_tokens", "waiting_tokens", "pool_segment")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,13 @@ class ServingStatsResponse(_message.Message):
     REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POOL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     model_id: str
@@ -178,4 +185,11 @@ class ServingStatsResponse(_message.Message):
     requests_failed: int
     steps: int
     block_tokens: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ...) -> None: ...
+    seed: int
+    batch_invariant: bool
+    num_layers: int
+    kv_objects: str
+    local_prefill_tokens: int
+    waiting_tokens: int
+    pool_segment: bool
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., num_layers: _Optional[int] = ..., kv_objects: _Optional[str] = ..., local_prefill_tokens: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., pool_segment: _Optional[bool] = ...) -> None: ...

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kvstore.conductor.api import PrefixMatch, Role
+from kvstore.conductor.identity import IdentityBook, IdentityOverrides, KeyIdentity
 from kvstore.conductor.index import MatchAnswerIndex, Run
 from kvstore.conductor.ledger import Ledger, NodeInfo
-from kvstore.conductor.service_config import ConductorConfig, PoolKeys
+from kvstore.conductor.service_config import ConductorConfig
 from kvstore.errors import BadRequestError, ExistsError, NotFoundError
 from kvstore.hashing import block_hashes
 from kvstore.types import Tier
@@ -81,14 +82,45 @@ def test_empty_match_answer_and_bad_lengths() -> None:
         MatchAnswerIndex([Run("s", Tier.DRAM, -1)], 0)
 
 
-def test_pool_keys_are_the_prefill_nodes_last_layer_keys() -> None:
+def test_identity_keys_are_the_prefill_nodes_last_written_keys() -> None:
     from kvstore.serving.config import ServingConfig, namespace
 
     tokens = list(range(1, 40))
-    keys = PoolKeys()
-    hashes = keys.hashes("tiny", 16, tokens)
+    layered = KeyIdentity("tiny", 0, True, 4, 16, "layer")
+    hashes = layered.hashes(tokens)
     assert hashes == block_hashes(tokens, 16, namespace(ServingConfig(block_tokens=16)))
-    assert keys.keys("tiny", hashes) == [f"{h.hex()}/L3" for h in hashes]  # tiny: 4 layers
+    assert layered.keys(hashes) == [f"{h.hex()}/L3" for h in hashes]  # tiny: 4 layers
+    per_block = KeyIdentity("tiny", 0, True, 4, 16, "block")
+    assert per_block.keys(hashes) == [h.hex() for h in hashes]
+    batched = KeyIdentity("tiny", 0, False, 4, 16, "layer")
+    other = namespace(ServingConfig(block_tokens=16, batch_invariant=False))
+    assert batched.hashes(tokens) == block_hashes(tokens, 16, other) != hashes
+
+
+def test_identity_book_pins_the_first_node_and_refuses_a_different_one() -> None:
+    book = IdentityBook()
+    base = KeyIdentity("tiny", 0, True, 4, 16, "layer")
+    assert book.admit("a:1", base) == ""
+    assert book.admit("a:2", base) == ""
+    why = book.admit("a:3", KeyIdentity("tiny", 1, False, 4, 16, "layer"))
+    assert why == (
+        "a:3 refused: its pool keys would differ from a:1's (model 'tiny'): "
+        "seed 1 != 0, batch_invariant False != True"
+    )
+    small = KeyIdentity("small", 7, True, 8, 32, "block")  # another model pins its own
+    assert book.admit("a:4", small) == "" and book.of("small") == small
+    assert book.of("tiny") == base and book.of("big") is None
+
+
+def test_identity_overrides_refuse_nodes_that_differ_from_a_stated_value() -> None:
+    book = IdentityBook(IdentityOverrides(seed=3, kv_objects="block"))
+    why = book.admit("a:1", KeyIdentity("tiny", 0, True, 4, 16, "layer"))
+    told = "seed 0 (told 3), kv_objects 'layer' (told 'block')"
+    assert why == f"a:1 refused: its pool keys would differ: {told}"
+    assert book.of("tiny") is None  # a refused node pins nothing
+    assert book.admit("a:2", KeyIdentity("tiny", 3, False, 4, 16, "block")) == ""
+    with pytest.raises(BadRequestError):
+        KeyIdentity("tiny", 0, True, 4, 16, "page")
 
 
 def test_conductor_config_is_validated() -> None:
@@ -98,3 +130,8 @@ def test_conductor_config_is_validated() -> None:
         ConductorConfig(prefill=("a:1",), decode=("a:1",))
     with pytest.raises(BadRequestError):
         ConductorConfig(refresh_s=0)
+    with pytest.raises(BadRequestError, match="kv_objects"):
+        ConductorConfig(kv_objects="page")
+    with pytest.raises(BadRequestError, match=">= 0"):
+        ConductorConfig(seed=-1)
+    assert ConductorConfig(seed=2).overrides == IdentityOverrides(seed=2)

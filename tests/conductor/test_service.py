@@ -1,6 +1,9 @@
 """The Conductor gRPC service against real processes: a master and a storage node
-(tests/cluster.py), a prefill node, a decode node, a colocated node (the reference)
-and `python -m kvstore.conductor` in front of the prefill and decode nodes."""
+(tests/cluster.py), a prefill node, a decode node, a colocated node (the reference),
+a prefill node with another weight seed (its pool keys differ: refused) and
+`python -m kvstore.conductor` in front of the prefill and decode nodes. The
+conductor is told nothing the nodes know (seed, batching, layers, local-prefill
+limit): it reads their Stats."""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Procs:
     prefill: str
     decode: str
     colocated: str
+    odd_seed: str
     conductor: str
     procs: list[subprocess.Popen[bytes]]
 
@@ -81,11 +85,15 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
                 node_args("decode_node", "--colocated"), b"colocated node", work / "c.log"
             )
             started.append(col)
-            args = ["-m", "kvstore.conductor", "--master", pool.address, "--prefill", pre_addr,
-                    "--decode", dec_addr, "--local-prefill-tokens", str(LOCAL)]  # fmt: skip
+            odd, odd_addr = spawn(
+                node_args("prefill_node", *master, "--seed", "1"), b"prefill node", work / "o.log"
+            )
+            started.append(odd)
+            args = ["-m", "kvstore.conductor", "--master", pool.address,
+                    "--prefill", f"{pre_addr},{odd_addr}", "--decode", dec_addr]  # fmt: skip
             cond, cond_addr = spawn(args, b"conductor listening", work / "conductor.log")
             started.append(cond)
-            yield Procs(pool, pre_addr, dec_addr, col_addr, cond_addr, started)
+            yield Procs(pool, pre_addr, dec_addr, col_addr, odd_addr, cond_addr, started)
         finally:
             for proc in reversed(started):
                 stop_process(proc)
@@ -134,7 +142,7 @@ def test_generate_streams_the_colocated_greedy_tokens(procs: Procs) -> None:
     assert tokens_of(first) == expected
     assert tokens_of(again) == expected
     place = first[0].placement
-    nodes = {n.role: n.node_id for n in status(procs).nodes}
+    nodes = {n.role: n.node_id for n in status(procs).nodes if n.healthy}
     assert (place.prefill_node, place.decode_node) == (nodes["prefill"], nodes["decode"])
     assert not place.local_prefill and place.policy == "cache_load"
     assert [m.finish_reason for m in first][-1] == spb.FINISH_REASON_LENGTH
@@ -162,7 +170,7 @@ def test_conditional_prefills_on_the_decode_node_within_its_limit(procs: Procs) 
     with ServingClient(decode=procs.colocated) as ref:
         short_ref = ref.generate(make_spec("ref-s", PROMPT[:30], 6)).tokens
         long_ref = ref.generate(make_spec("ref-l", long_prompt, 6)).tokens
-    nodes = {n.role: n.node_id for n in status(procs).nodes}
+    nodes = {n.role: n.node_id for n in status(procs).nodes if n.healthy}
     with procs.channel() as channel:
         short = generate(channel, PROMPT[:30], 6, policy="conditional", rid="c1")
         long = generate(channel, long_prompt, 6, policy="conditional", rid="c2")
@@ -253,10 +261,57 @@ def test_cluster_status_lists_nodes_and_policies(procs: Procs) -> None:
     got = status(procs)
     assert got.policy == "cache_load" and list(got.policies) == sorted(POLICIES)
     assert sorted((n.address, n.role, n.healthy) for n in got.nodes) == sorted(
-        [(procs.prefill, "prefill", True), (procs.decode, "decode", True)]
-    )
+        [(procs.prefill, "prefill", True), (procs.decode, "decode", True),
+         (procs.odd_seed, "prefill", False)]
+    )  # fmt: skip
     assert all(n.model_id == "tiny" and n.block_tokens == 16 for n in got.nodes)
     assert got.requests >= got.remote_prefills >= 2
+
+
+def test_nodes_report_their_identity_and_queue(procs: Procs) -> None:
+    """The conductor learns the identity from Stats: no flag told it the decode node's
+    local-prefill limit (the conditional test relies on it) or the seed."""
+    reports = {n.address: n.report for n in status(procs).nodes}
+    dec, pre = reports[procs.decode], reports[procs.prefill]
+    assert (dec.seed, dec.batch_invariant, dec.num_layers, dec.kv_objects) == (0, True, 4, "layer")
+    assert (dec.role, dec.local_prefill_tokens, dec.block_tokens) == ("decode", LOCAL, 16)
+    assert (pre.role, pre.seed, pre.local_prefill_tokens, pre.pool_segment) == (
+        "prefill",
+        0,
+        0,
+        False,
+    )
+    assert (pre.waiting, pre.waiting_tokens, pre.running) == (0, 0, 0)
+    assert dec.total_blocks == 512 and dec.free_blocks <= 512
+    assert reports[procs.odd_seed].seed == 1
+
+
+def test_node_with_other_pool_keys_is_refused_and_never_placed(procs: Procs) -> None:
+    (odd,) = [n for n in status(procs).nodes if n.address == procs.odd_seed]
+    assert not odd.healthy
+    assert odd.error == (
+        f"{procs.odd_seed} refused: its pool keys would differ from {procs.prefill}'s "
+        "(model 'tiny'): seed 1 != 0"
+    )
+    with procs.channel() as channel:
+        placed = {generate(channel, PROMPT, 1, rid=f"o{i}")[0].placement.prefill_node
+                  for i in range(3)}  # fmt: skip
+    assert odd.node_id not in placed
+
+
+def test_stated_seed_that_no_node_has_refuses_them_all(procs: Procs, tmp_path: Path) -> None:
+    args = ["-m", "kvstore.conductor", "--prefill", procs.prefill, "--decode", procs.decode,
+            "--seed", "1"]  # fmt: skip
+    proc, address = spawn(args, b"conductor listening", tmp_path / "s.log")
+    try:
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
+            generate(channel, PROMPT, 2)
+    finally:
+        stop_process(proc)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"{procs.prefill} refused: its pool keys would differ: seed 0 (told 1)" in (
+        err.value.details()
+    )
 
 
 def test_empty_cluster_is_a_clear_error(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from kvstore.v1 import serving_pb2 as pb
         {"num_blocks": -1},
         {"chunk_tokens": 1.5},
         {"local_prefill_tokens": -1},
+        {"tail_ttl_s": -1.0},
     ],
 )
 def test_config_rejects(bad: dict[str, object]) -> None:
