@@ -1,8 +1,10 @@
 """The conductor's own accounting of the work it has sent to each serving node.
 
-The serving nodes' Stats report free KV blocks and running sequences, but not the
-prefill queue, and a report is stale by the time a burst of requests arrives.
-Like Dynamo's router, the conductor therefore counts what it dispatched itself:
+The serving nodes' Stats report their queue (free KV blocks, running sequences,
+queued prefill requests and tokens), but a report is up to a refresh period old by
+the time a burst of requests arrives, and after a stream ends it keeps counting it
+for as long. Like Dynamo's router, the conductor therefore places by what it
+dispatched itself (the reports are shown by ClusterStatus):
 per node, the prefills in flight (with their predicted compute time, which gives
 the queue wait of the next one) and the decode streams in flight (their context
 and the KV tokens they may grow to). `node_state` turns that into the

@@ -4,11 +4,14 @@ no test waits on a wall-clock timer)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
-from kvstore.errors import BadRequestError
+from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.model import Engine
 from kvstore.serving.config import ServingConfig, build_engine
 from kvstore.serving.kv_io import object_keys
@@ -20,6 +23,9 @@ from kvstore.serving.tails import TailSweeper
 from kvstore.tiers.dram import DramTier
 from kvstore.tiers.dram_parts import DramConfig
 from kvstore.tiers.tiered import TieredStore
+from kvstore.v1 import serving_pb2 as pb
+from prefill_node.server import PrefillServicer
+from tests.serving.helpers import RecordingStore
 
 CONFIG = ServingConfig(num_blocks=32, tail_ttl_s=30.0)
 PROMPT = tuple((3 * i + 5) % 256 for i in range(40))  # 2 full blocks + an 8-token tail
@@ -118,4 +124,66 @@ def test_zero_ttl_keeps_tails(engine: Engine) -> None:
         assert all(store.batch_exists(object_keys(pre.handoff.tail_key, 4, layered=True)))
     finally:
         worker.close()
+        store.close()
+
+
+class GatedStore(RecordingStore):
+    """Holds every write until `gate` opens (so the compute thread stays busy, waiting
+    for its publisher); `entered` is set at the first write."""
+
+    def __init__(self, inner: LocalBlockStore) -> None:
+        super().__init__(inner)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def batch_put_from(
+        self, keys: Sequence[str], buffers: Sequence[memoryview], group: str = ""
+    ) -> list[KVStoreError | None]:
+        self.entered.set()
+        assert self.gate.wait(30.0), "the test never opened the gate"
+        return super().batch_put_from(keys, buffers, group)
+
+
+def prefill_request(rid: str, n: int) -> pb.PrefillRequest:
+    spec = pb.GenerationSpec(request_id=rid, model_id="tiny", max_tokens=2)
+    spec.prompt_token_ids.extend(PROMPT[:n])
+    return pb.PrefillRequest(spec=spec)
+
+
+def test_stats_report_the_prefill_queue_and_identity() -> None:
+    store = GatedStore(dram_store())
+    servicer = PrefillServicer(replace(CONFIG, role="prefill", node_id="p-1"), store)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        busy = asyncio.create_task(servicer.Prefill(prefill_request("a", 40), None))
+        assert await loop.run_in_executor(None, store.entered.wait, 30.0)
+        queued = [
+            asyncio.create_task(servicer.Prefill(prefill_request(rid, n), None))
+            for rid, n in (("b", 20), ("c", 33))
+        ]
+        for _ in range(100):  # bounded: each task queues at its first step
+            if servicer.queue.counts().waiting == 2:
+                break
+            await asyncio.sleep(0)
+        stats = await servicer.Stats(pb.ServingStatsRequest(), None)
+        assert (stats.running, stats.waiting, stats.waiting_tokens) == (1, 2, 53)
+        assert (stats.node_id, stats.role, stats.seed, stats.num_layers) == ("p-1", "prefill", 0, 4)
+        assert (stats.kv_objects, stats.batch_invariant, stats.pool_segment) == (
+            "layer",
+            True,
+            False,
+        )
+        store.gate.set()
+        done = await asyncio.gather(busy, *queued)
+        assert [r.request_id for r in done] == ["a", "b", "c"]
+        stats = await servicer.Stats(pb.ServingStatsRequest(), None)
+        assert (stats.running, stats.waiting, stats.waiting_tokens) == (0, 0, 0)
+        assert stats.requests_done == 3
+
+    try:
+        asyncio.run(run())
+        servicer.queue.check_integrity()
+    finally:
+        store.gate.set()
+        servicer.close()
         store.close()
