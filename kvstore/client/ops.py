@@ -6,6 +6,7 @@ Single-key methods raise the key's error; batched ones return a result per key.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -172,7 +173,8 @@ class ClientOps:
 
 
 def message_to_dict(msg: Any) -> dict[str, Any]:
-    """A protobuf message as plain dicts/lists/ints/strs (64-bit ints stay ints)."""
+    """A protobuf message as plain dicts/lists/ints/strs (64-bit ints stay ints; bytes
+    become base64 strs, as in protobuf's JSON mapping: the dict stays JSON-ready)."""
     out: dict[str, Any] = {}
     for field in msg.DESCRIPTOR.fields:
         value = getattr(msg, field.name)
@@ -181,6 +183,9 @@ def message_to_dict(msg: Any) -> dict[str, Any]:
                 out[field.name] = [message_to_dict(v) for v in value]
             else:
                 out[field.name] = message_to_dict(value)
+        elif field.type == field.TYPE_BYTES:
+            b64 = [base64.b64encode(v).decode() for v in (value if field.is_repeated else [value])]
+            out[field.name] = b64 if field.is_repeated else b64[0]
         else:
             out[field.name] = list(value) if field.is_repeated else value
     return out

@@ -6,6 +6,8 @@ installed (the package's cluster nodes then serve their DRAM segments by NIXL).
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import replace
 
 import grpc
@@ -62,6 +64,17 @@ def test_nodes_publish_nixl_for_dram_segments_only(cluster) -> None:
         desc = directory.descriptor(Location(node_id, tier, segment, 0, 1))
         assert desc is not None
         assert bool(desc.nixl_meta) == (tier == Tier.DRAM), (segment, tier)
+
+
+@needs_nixl
+def test_client_stats_carry_nixl_metadata_as_base64(cluster, client) -> None:
+    stats = client.stats()
+    json.dumps(stats)  # still plain data
+    want = {
+        n.node_id: base64.b64encode(n.endpoint.nixl_metadata).decode()
+        for n in cluster.stats().nodes
+    }
+    assert {n["node_id"]: n["endpoint"]["nixl_metadata"] for n in stats["nodes"]} == want
 
 
 @needs_nixl
