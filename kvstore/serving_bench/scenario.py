@@ -182,9 +182,7 @@ async def _bench(
     progress: Progress,
     meter: ForeignLoad,
 ) -> BenchRun:
-    async def measured(
-        target: Target, arrivals: list[Arrival]
-    ) -> tuple[list[RequestRecord], float]:
+    async def metered(target: Target, arrivals: list[Arrival]) -> tuple[list[RequestRecord], float]:
         meter.start()
         records = await drive(arrivals, target)
         return records, meter.stop()
@@ -210,14 +208,14 @@ async def _bench(
             for name, arrivals in sizes.phases(factor, r, rounds).items():
                 for mode in MODES if r % 2 == 0 else MODES[::-1]:
                     progress(f"round {r + 1}/{rounds} {mode} {name}")
-                    run.runs[mode].add(name, *await measured(targets[mode], arrivals))
+                    run.runs[mode].add(name, *await metered(targets[mode], arrivals))
         progress(f"light load, {sizes.light_parts} alternating blocks per mode")
         for b, arrivals in enumerate(sizes.light_blocks(factor, sizes.light_parts)):
             for mode in MODES if b % 2 == 0 else MODES[::-1]:
-                run.runs[mode].add("light", *await measured(targets[mode], arrivals))
+                run.runs[mode].add("light", *await metered(targets[mode], arrivals))
         if sizes.long_count:
             progress("disaggregated long-prompt KV handoff probe")
-            probe = await measured(targets["disaggregated"], sizes.long_probe())
+            probe = await metered(targets["disaggregated"], sizes.long_probe())
             run.runs["disaggregated"].add("long", *probe)
         return run
     finally:
