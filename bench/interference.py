@@ -52,6 +52,7 @@ def sizes_for(model: str, quick: bool) -> BenchSizes:
         stream_every_s=0.6,
         stream_prompt=64,
         stream_tokens=16,
+        poisson=True,
         seed=1,
     )
     return BenchSizes(

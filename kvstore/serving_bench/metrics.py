@@ -12,6 +12,7 @@ so batching in the transport neither hides a gap nor invents a zero one.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class RequestRecord:
         return self.token_s[0] - self.sent_s
 
     def tbt_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_s, self.token_s[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(self.token_s)]
 
     def add_chunk(
         self, received_s: float, tokens: Sequence[int], server_times_s: Sequence[float]

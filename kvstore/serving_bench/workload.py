@@ -28,8 +28,9 @@ class Arrival:
 
 @dataclass(frozen=True, slots=True)
 class MixSpec:
-    """A decode-heavy stream (one request every `stream_every_s`, +-`jitter` of it) and,
-    when `burst_every_s` > 0, bursts of `burst_size` long prompts from `first_burst_s`."""
+    """A decode-heavy stream (one request every `stream_every_s`, +-`jitter` of it, or
+    Poisson arrivals of that mean gap when `poisson`) and, when `burst_every_s` > 0,
+    bursts of `burst_size` long prompts from `first_burst_s`."""
 
     duration_s: float
     stream_every_s: float
@@ -41,6 +42,7 @@ class MixSpec:
     burst_tokens: int = 4
     first_burst_s: float = 1.0
     jitter: float = 0.2
+    poisson: bool = False
     vocab: int = 256
     seed: int = 0
 
@@ -83,8 +85,7 @@ def mixed_schedule(spec: MixSpec) -> list[Arrival]:
     while t < spec.duration_s:
         prompt = random_prompt(stream_rng, spec.stream_prompt, spec.vocab)
         arrivals.append(Arrival(t, f"s{i}", "stream", prompt, spec.stream_tokens))
-        gap = spec.stream_every_s * (1 + spec.jitter * (2 * stream_rng.random() - 1))
-        t, i = t + gap, i + 1
+        t, i = t + _gap(spec, stream_rng), i + 1
     if spec.burst_every_s > 0:
         t, b = spec.first_burst_s, 0
         while t < spec.duration_s:
@@ -93,6 +94,12 @@ def mixed_schedule(spec: MixSpec) -> list[Arrival]:
                 arrivals.append(Arrival(t, f"b{b}.{k}", "burst", prompt, spec.burst_tokens))
             t, b = t + spec.burst_every_s, b + 1
     return sorted(arrivals, key=lambda a: (a.at_s, a.request_id))
+
+
+def _gap(spec: MixSpec, rng: random.Random) -> float:
+    if spec.poisson:
+        return rng.expovariate(1.0 / spec.stream_every_s)
+    return spec.stream_every_s * (1 + spec.jitter * (2 * rng.random() - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kvstore.errors import BadRequestError
@@ -59,3 +61,13 @@ def test_conversations_share_the_system_prompt_and_grow() -> None:
     assert second.prompt[40:44] == (1, 2, 3, 4)
     assert len(second.prompt) == 52 and second.max_tokens == 4
     assert spec.max_prompt == 32 + 2 * 12 + 8
+
+
+def test_poisson_arrivals_have_the_mean_gap() -> None:
+    spec = MixSpec(duration_s=400.0, stream_every_s=0.5, stream_prompt=1, stream_tokens=1,
+                   poisson=True, seed=3)  # fmt: skip
+    times = [a.at_s for a in mixed_schedule(spec)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert 700 < len(times) < 900  # ~800 expected
+    assert sum(gaps) / len(gaps) == pytest.approx(0.5, rel=0.1)
+    assert min(gaps) < 0.05 < 1.5 < max(gaps)  # clumps and lulls, unlike the jittered clock
