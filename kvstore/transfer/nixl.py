@@ -7,10 +7,10 @@ agent's metadata, which an initiator loads with `add_remote_agent`. Each submit
 posts one NIXL transfer per remote agent and polls it to completion in a thread.
 
 UCX_MODULES defaults to "^efa" (see `_nixl_api`: without it every process that made
-an agent died of SIGSEGV at exit). NIXL logs INFO lines to stdout on import and per
-agent; unless the user set NIXL_LOG_LEVEL, the import here asks for warnings only,
-and NIXL's console handler is moved to stderr (a library must not write on a
-program's stdout).
+an agent died of SIGSEGV at exit) and UCX_LOG_FILE to stderr. NIXL logs INFO lines
+to stdout on import and per agent; unless the user set NIXL_LOG_LEVEL, the import
+here asks for warnings only, and NIXL's console handler is moved to stderr (a
+library must not write on a program's stdout).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def _nixl_api() -> Any | None:
     # UCX's EFA module links the system libefa -> libibverbs -> libnl beside the copies
     # the wheel bundles; two libnl-route copies segfault in their destructors at exit.
     os.environ.setdefault("UCX_MODULES", "^efa")  # IB/RDMA (mlx5) modules still load
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")  # UCX's C logs default to stdout
     for module in _MODULES:
         try:
             api = importlib.import_module(module)

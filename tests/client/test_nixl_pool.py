@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import grpc
@@ -26,6 +28,7 @@ from kvstore.transfer.select import AutoEngine, choose_kind
 from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2, master_pb2_grpc
 from tests.client.conftest import payload
+from tests.cluster import child_env
 
 pytestmark = pytest.mark.timeout(90)
 needs_nixl = pytest.mark.skipif(not nixl_available(), reason="NIXL not installed")
@@ -141,3 +144,15 @@ def test_node_nixl_flag(cluster, nixl: bool) -> None:
             _, bases = unpack_node_meta(ep.nixl_metadata)
             assert list(bases) == [node.segments[0].name]
     assert node.nixl is None
+
+
+@needs_nixl
+def test_ucx_logs_go_to_stderr_and_the_process_exits_cleanly() -> None:
+    """UCX's C logs default to stdout (node and driver processes speak on stdout), and
+    UCX's EFA module once made every process with an agent die of SIGSEGV at exit."""
+    code = "from kvstore.transfer.nixl import NixlEngine\nNixlEngine().close()\nprint('ok')\n"
+    env = {k: v for k, v in child_env().items() if k not in ("UCX_LOG_FILE", "UCX_MODULES")}
+    env["UCX_LOG_LEVEL"] = "info"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, b"ok\n"), done.stderr[-2000:]
+    assert b"UCX" in done.stderr
