@@ -67,6 +67,7 @@ def placement(plan: Plan) -> cpb.Placement:
         predicted_ttft_s=d.predicted_ttft_s,
         predicted_tbt_s=d.predicted_tbt_s,
         reason=d.reason,
+        source_node=d.source_node or "",
     )
 
 

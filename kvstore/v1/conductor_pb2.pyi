@@ -26,7 +26,7 @@ class ConductorGenerateRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_serving_pb2.GenerationSpec, _Mapping]] = ..., slo: _Optional[_Union[Objectives, _Mapping]] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("policy", "prefill_node", "decode_node", "local_prefill", "cached_blocks", "predicted_ttft_s", "predicted_tbt_s", "reason")
+    __slots__ = ("policy", "prefill_node", "decode_node", "local_prefill", "cached_blocks", "predicted_ttft_s", "predicted_tbt_s", "reason", "source_node")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PREFILL_NODE_FIELD_NUMBER: _ClassVar[int]
     DECODE_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Placement(_message.Message):
     PREDICTED_TTFT_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TBT_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
     policy: str
     prefill_node: str
     decode_node: str
@@ -43,7 +44,8 @@ class Placement(_message.Message):
     predicted_ttft_s: float
     predicted_tbt_s: float
     reason: str
-    def __init__(self, policy: _Optional[str] = ..., prefill_node: _Optional[str] = ..., decode_node: _Optional[str] = ..., local_prefill: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., predicted_ttft_s: _Optional[float] = ..., predicted_tbt_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    source_node: str
+    def __init__(self, policy: _Optional[str] = ..., prefill_node: _Optional[str] = ..., decode_node: _Optional[str] = ..., local_prefill: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., predicted_ttft_s: _Optional[float] = ..., predicted_tbt_s: _Optional[float] = ..., reason: _Optional[str] = ..., source_node: _Optional[str] = ...) -> None: ...
 
 class RequestTimings(_message.Message):
     __slots__ = ("route_s", "ttft_s", "total_s", "prompt_tokens", "cached_tokens", "prefill", "decode")

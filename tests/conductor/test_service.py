@@ -1,7 +1,8 @@
 """The Conductor gRPC service against real processes: a master and a storage node
-(tests/cluster.py), a prefill node, a decode node, a colocated node (the reference),
-a prefill node with another weight seed (its pool keys differ: refused) and
-`python -m kvstore.conductor` in front of the prefill and decode nodes. The
+(tests/cluster.py), a prefill node lending a DRAM segment to the pool, a decode
+node, a colocated node (the reference), a prefill node with another weight seed
+(its pool keys differ: refused) and `python -m kvstore.conductor` in front of the
+prefill and decode nodes. The
 conductor is told nothing the nodes know (seed, batching, layers, local-prefill
 limit): it reads their Stats."""
 
@@ -74,8 +75,9 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     with Cluster(workdir=work, nodes=1, dram_bytes=32 << 20) as pool:
         try:
             master = ["--master", pool.address]
+            segment = ("--segment-bytes", str(8 << 20))  # its blocks land on its own DRAM
             pre, pre_addr = spawn(
-                node_args("prefill_node", *master), b"prefill node", work / "p.log"
+                node_args("prefill_node", *master, *segment), b"prefill node", work / "p.log"
             )
             started.append(pre)
             dec_args = node_args("decode_node", *master, "--local-prefill-tokens", str(LOCAL))
@@ -150,8 +152,13 @@ def test_generate_streams_the_colocated_greedy_tokens(procs: Procs) -> None:
     last = first[-1].timings
     assert last.prompt_tokens == 40 and last.cached_tokens == 0
     assert 0 < last.ttft_s <= last.total_s and last.decode.ttft_s > 0
-    # the second run finds the 2 full blocks in the pool: the policy and the prefill see them
+    # the second run finds the 2 full blocks in the pool: the policy and the prefill see them,
+    # in the prefill node's own segment (a local hit: the pool node is the serving node)
     assert again[0].placement.cached_blocks == 2
+    assert (first[0].placement.source_node, again[0].placement.source_node) == (
+        "",
+        nodes["prefill"],
+    )
     assert again[-1].timings.cached_tokens == 32
 
 
@@ -275,13 +282,12 @@ def test_nodes_report_their_identity_and_queue(procs: Procs) -> None:
     dec, pre = reports[procs.decode], reports[procs.prefill]
     assert (dec.seed, dec.batch_invariant, dec.num_layers, dec.kv_objects) == (0, True, 4, "layer")
     assert (dec.role, dec.local_prefill_tokens, dec.block_tokens) == ("decode", LOCAL, 16)
-    assert (pre.role, pre.seed, pre.local_prefill_tokens, pre.pool_segment) == (
-        "prefill",
-        0,
-        0,
-        False,
-    )
-    assert (pre.waiting, pre.waiting_tokens, pre.running) == (0, 0, 0)
+    assert (pre.role, pre.seed, pre.local_prefill_tokens) == ("prefill", 0, 0)
+    assert pre.pool_segment and not dec.pool_segment  # only the prefill node lends DRAM
+    with ServingClient(prefill=procs.prefill) as node:  # now (a report may be 1 refresh old)
+        now = node.prefill_stats()
+    assert (now.waiting, now.waiting_tokens, now.running) == (0, 0, 0)
+    assert now.requests_done >= 2
     assert dec.total_blocks == 512 and dec.free_blocks <= 512
     assert reports[procs.odd_seed].seed == 1
 
