@@ -11,7 +11,7 @@ It prints "driver ready", then answers each request line on stdin with one reply
 
 Replies are {"ok": true, ...} or {"ok": false, "error": "<class name>", "message": ...},
 each with "elapsed_s" and "transfers": the requests this process submitted so far to
-each engine kind ("shm", "tcp"), counted by a spy on the engines' `submit` (it only
+each engine kind ("shm", "tcp", "nixl"), counted by a spy on the engines' `submit` (it only
 counts; the engines behave as always). `DriverClient` is the test side of the protocol.
 """
 
@@ -38,11 +38,12 @@ TRANSFERS: Counter[str] = Counter()
 
 
 def spy_engines() -> None:
-    """Count the requests submitted to the shm and tcp engines (behaviour unchanged)."""
+    """Count the requests submitted to the shm, tcp and nixl engines (behaviour unchanged)."""
+    from kvstore.transfer.nixl import NixlEngine
     from kvstore.transfer.shm import ShmEngine
     from kvstore.transfer.tcp import TcpEngine
 
-    for cls, kind in ((ShmEngine, "shm"), (TcpEngine, "tcp")):
+    for cls, kind in ((ShmEngine, "shm"), (TcpEngine, "tcp"), (NixlEngine, "nixl")):
         original = cls.submit
 
         def counted(self: Any, batch: Sequence[Any], _o: Any = original, _k: str = kind) -> Any:

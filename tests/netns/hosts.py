@@ -112,8 +112,9 @@ class Host:
     address: str
 
     def env(self) -> dict[str, str]:
-        """A child's environment: this checkout importable, this host's kvstore host id."""
-        return {**child_env(), HOST_ID_ENV: self.netns}
+        """A child's environment: this checkout importable, this host's kvstore host id;
+        UCX (NIXL) restricted to TCP: it would see through the namespaces (cma, shm)."""
+        return {**child_env(), HOST_ID_ENV: self.netns, "UCX_TLS": "tcp,self"}
 
 
 @dataclass(slots=True)

@@ -2,8 +2,9 @@
 
 Host a runs the master and a client driver, hosts b and c a storage node each, and
 host c a second client driver. Every process has its namespace as KVSTORE_HOST_ID,
-so between hosts "auto" must move bytes by TCP, never shared memory (which the
-namespaces still share), while a client reading its own host's replica uses shm.
+so between hosts "auto" must move bytes over the network: TCP, or NIXL restricted
+to UCX's TCP transport when installed; never shared memory (which the namespaces
+still share), while a client reading its own host's replica uses shm.
 The lost-host tests (each on a pool of its own) cut b off the switch or kill its
 node: reads fail over or fail typed, in bounded time, and the master declares b
 dead after its node TTL and drops its replicas.
@@ -25,11 +26,19 @@ from typing import Any
 
 import pytest
 
+from kvstore.transfer.nixl import nixl_available
 from tests.netns.driver import DriverClient
 from tests.netns.hosts import Network, list_netns
 from tests.netns.pool import NODE_TTL_S, Pool, wait_until
 
 pytestmark = pytest.mark.netns
+
+REMOTE = "nixl" if nixl_available() else "tcp"  # what "auto" uses between hosts
+
+
+def remote(n: int) -> Counter[str]:
+    return Counter({REMOTE: n})
+
 
 SIZES = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20}
 TYPED_FAILURES = {"TransferError", "NotFoundError", "UnavailableError"}
@@ -148,7 +157,7 @@ def test_exact_bytes_across_hosts_by_tcp(hosts: Hosts, label: str) -> None:
     sent = hosts.on_a.transfers()
     data = hosts.put(hosts.on_a, rep, size, replicas=2)
     data_b = hosts.put(hosts.on_a, only_b, size, replicas=1)
-    assert hosts.on_a.transfers() - sent == Counter(tcp=3)  # 2 + 1 replicas, none by shm
+    assert hosts.on_a.transfers() - sent == remote(3)  # 2 + 1 replicas, none by shm
     holders = hosts.holders()
     assert sorted(holders[rep]) == sorted([hosts.node_b, hosts.node_c])
     assert holders[only_b] == [hosts.node_b]
@@ -157,13 +166,13 @@ def test_exact_bytes_across_hosts_by_tcp(hosts: Hosts, label: str) -> None:
     reply, got = hosts.get(hosts.on_c, only_b)  # c reads b's only replica: other host
     assert reply["ok"], reply
     assert got == data_b
-    assert hosts.on_c.transfers() - before == Counter(tcp=1)
+    assert hosts.on_c.transfers() - before == remote(1)
 
     before = hosts.on_a.transfers()
     reply, got = hosts.get(hosts.on_a, rep)  # a holds no replica: TCP from b or c
     assert reply["ok"], reply
     assert got == data
-    assert hosts.on_a.transfers() - before == Counter(tcp=1)
+    assert hosts.on_a.transfers() - before == remote(1)
 
     before = hosts.on_c.transfers()
     reply, got = hosts.get(hosts.on_c, rep)  # c's own host's replica: shm (same host id)
@@ -193,7 +202,7 @@ def test_lost_host_fails_over_fails_typed_and_is_dropped(fresh_hosts: Hosts, cut
     assert time.monotonic() - start < FAIL_WITHIN_S, reply
     assert reply["ok"], reply
     assert got == data
-    assert h.on_a.transfers() - sent == Counter(tcp=2)
+    assert h.on_a.transfers() - sent == remote(2)
 
     start = time.monotonic()
     reply, _ = h.get(h.on_c, "part-onb")  # b's only replica, b unreachable
@@ -210,4 +219,4 @@ def test_lost_host_fails_over_fails_typed_and_is_dropped(fresh_hosts: Hosts, cut
     sent = h.on_a.transfers()
     reply, got = h.get(h.on_a, "part-rep")
     assert reply["ok"] and got == data, reply
-    assert h.on_a.transfers() - sent == Counter(tcp=1)  # b is no longer tried
+    assert h.on_a.transfers() - sent == remote(1)  # b is no longer tried
