@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batched", action=argparse.BooleanOptionalAction, default=None, help=batched_help)
     objects_help = "require this KV object shape" + told
     add("--kv-objects", choices=["layer", "block"], default=None, help=objects_help)
-    local_help = "the decode nodes' local-prefill limit" + told
+    local_help = "lower the decode nodes' local-prefill limit to this" + told
     add("--local-prefill-tokens", type=int, default=None, help=local_help)
     add("--refresh-s", type=float, default=1.0, help="how often to refresh node Stats")
     add("--timeout-s", type=float, default=60.0, help="deadline of each node call")

@@ -175,8 +175,14 @@ def _node_info(
         block_tokens=stats.block_tokens,
         total_blocks=stats.total_blocks,
         identity=_identity(entry.address, stats),
-        local_prefill_tokens=stats.local_prefill_tokens if local_prefill is None else local_prefill,
+        local_prefill_tokens=_local_limit(stats.local_prefill_tokens, local_prefill),
     )
+
+
+def _local_limit(reported: int, override: int | None) -> int:
+    """A decode node's local-prefill limit: its own, lowered by the override (a node
+    refuses Generate over its own limit, so an override can never raise it)."""
+    return reported if override is None else min(reported, override)
 
 
 def _identity(address: str, stats: serving_pb2.ServingStatsResponse) -> KeyIdentity:

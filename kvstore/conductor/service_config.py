@@ -22,9 +22,9 @@ class ConductorConfig:
 
     `prefill` / `decode` / `colocated`: host:port of serving nodes (a node's role is
     what its Stats reports; the flag only picks the service to ask). A decode node's
-    limit for a local prefill (Generate) is what its Stats report, unless
-    `local_prefill_tokens` overrides it; a local prefill the policy picks for a longer
-    prompt runs on the least loaded prefill node instead.
+    limit for a local prefill (Generate) is what its Stats report, lowered to
+    `local_prefill_tokens` when that is set; a local prefill the policy picks for a
+    longer prompt runs on the least loaded prefill node instead.
     """
 
     listen: str = "127.0.0.1:0"

@@ -60,11 +60,9 @@ class TailSweeper:
         with self._lock:
             while self._tails and self._tails[0].deadline <= now:
                 expired.append(self._tails.popleft())
-        found = 0
-        for tail in expired:
-            hits = [self._remove(key) for key in tail.keys]
-            found += any(hits)
-        self.removed += found
+        found = sum(any([self._remove(key) for key in tail.keys]) for tail in expired)
+        with self._lock:
+            self.removed += found
         return found
 
     def _remove(self, key: str) -> bool:

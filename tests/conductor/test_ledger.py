@@ -135,3 +135,9 @@ def test_conductor_config_is_validated() -> None:
     with pytest.raises(BadRequestError, match=">= 0"):
         ConductorConfig(seed=-1)
     assert ConductorConfig(seed=2).overrides == IdentityOverrides(seed=2)
+
+
+def test_local_prefill_override_only_lowers_a_nodes_own_limit() -> None:
+    from kvstore.conductor.server import _local_limit
+
+    assert (_local_limit(64, None), _local_limit(64, 32), _local_limit(64, 128)) == (64, 32, 64)
