@@ -42,9 +42,7 @@ class ClusterDemoConfig:
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = ClusterDemoConfig()
-    p = sub.add_parser(
-        "cluster-demo", help="serve multi-turn chats on a local disaggregated cluster"
-    )
+    p = sub.add_parser("demo", help="serve multi-turn chats on a local disaggregated cluster")
     add_arguments(p, d)
     p.set_defaults(handler=run)
 

@@ -10,13 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cli import demo, services
+from cli import cluster_demo, services, store_demo
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo.register(sub)
+    cluster_demo.register(sub)
+    store_demo.register(sub)
     services.register(sub)
     return parser
 

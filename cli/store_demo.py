@@ -1,4 +1,4 @@
-"""`kvstore demo`: a multi-turn workload with shared prefixes through a DRAM + SSD store.
+"""`kvstore store-demo`: a multi-turn shared-prefix workload through a DRAM + SSD store.
 
 Conversations grow turn by turn; each turn's prompt is the previous prompt plus
 new tokens, so its leading blocks are cached. The demo hashes each prompt into
@@ -39,7 +39,9 @@ class DemoConfig:
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = DemoConfig()
-    p = sub.add_parser("demo", help="run a multi-turn prefix-caching workload on a local store")
+    p = sub.add_parser(
+        "store-demo", help="a multi-turn prefix-caching workload on a local tiered store"
+    )
     p.add_argument("--conversations", type=int, default=d.conversations)
     p.add_argument("--turns", type=int, default=d.turns)
     p.add_argument("--dram-mib", type=int, default=d.dram_mib)
