@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "process_trouble": trouble,
     }
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(report, allow_nan=False))
     else:
         print(render_table(report))
         print(f"slow-down vs nominal: {report['slowdown']}; {report['config']['seconds']} s")

@@ -91,6 +91,7 @@ class ColocatedTarget:
             return record
         if timings is not None:
             record.compute_s = timings.prefill_s
+            record.node_queue_s = timings.queue_s
         return record
 
     async def close(self) -> None:
@@ -137,6 +138,7 @@ class DisaggTarget:
 def _take_prefill(record: RequestRecord, done: serving_pb2.PrefillResponse) -> None:
     t = done.timings
     record.cached_tokens = done.cached_tokens
+    record.node_queue_s = t.queue_s
     record.compute_s = t.compute_s
     record.publish_s = t.publish_s
     record.publish_wait_s = t.publish_wait_s

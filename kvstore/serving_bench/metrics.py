@@ -32,6 +32,7 @@ class RequestRecord:
     tokens: list[int] = field(default_factory=list)
     prefill_done_s: float | None = None  # disaggregated: prefill response received
     cached_tokens: int = 0
+    node_queue_s: float = 0.0  # waiting on the node that prefilled, before its compute
     compute_s: float = 0.0  # prefill compute on the node that prefilled
     publish_s: float = 0.0  # prefill node: time inside KV writes (overlaps compute)
     publish_wait_s: float = 0.0  # prefill node: waiting for KV writes after compute
@@ -114,6 +115,7 @@ class Summary:
     tbt: Dist
     prefill_ttft: Dist
     compute: Dist  # prefill compute on the node that prefilled
+    node_queue: Dist  # waiting on that node before the compute (TTFT = queue + compute + ...)
     handoff: Dist  # disaggregated: prefill response -> first token from the decode node
     kv_fraction: Dist
     kv_exposed: Dist
@@ -127,6 +129,7 @@ class Summary:
             "tbt_ms": self.tbt.as_dict(),
             "prefill_ttft_ms": self.prefill_ttft.as_dict(),
             "prefill_compute_ms": self.compute.as_dict(),
+            "node_queue_ms": self.node_queue.as_dict(),
             "handoff_ms": self.handoff.as_dict(),
             "kv_fraction": self.kv_fraction.as_dict(scale=1.0),
             "kv_exposed_fraction": self.kv_exposed.as_dict(scale=1.0),
@@ -156,6 +159,7 @@ def summarize(records: Iterable[RequestRecord], kinds: Sequence[str] = ()) -> Su
         tbt=Dist.of([gap for r in ok for gap in r.tbt_s()]),
         prefill_ttft=Dist.of([r.prefill_done_s - r.sent_s for r in handoff]),
         compute=Dist.of([r.compute_s for r in ok if r.compute_s > 0]),
+        node_queue=Dist.of([r.node_queue_s for r in ok if r.compute_s > 0]),
         handoff=Dist.of([r.token_s[0] - r.prefill_done_s for r in handoff]),
         kv_fraction=Dist.of([f[0] for f in fractions]),
         kv_exposed=Dist.of([f[1] for f in fractions]),

@@ -107,6 +107,7 @@ def interference_report(run: BenchRun) -> dict[str, Any]:
             "applied": round(run.slowdown, 3),
             "measured": {m: round(v, 3) for m, v in run.measured_slowdown.items()},
         },
+        "processes": {"idle_cpu_cores": run.idle_cores, "cpus_allowed": run.cpus_allowed},
     }
 
 
@@ -150,6 +151,18 @@ def render_table(report: dict[str, Any]) -> str:
         f"light load, disaggregated: prefill response -> first streamed token (decode RPC + "
         f"KV pull) p50 {_cell(handoff, ' ms')}"
     )
+    lines.append("light load, on the node that prefills: " + "; ".join(
+        f"{mode} queue p50/p99 {_cell(_p(report[mode], 'light', 'node_queue_ms', 'p50'))}/"
+        f"{_cell(_p(report[mode], 'light', 'node_queue_ms'))} ms, compute p50/p99 "
+        f"{_cell(_p(report[mode], 'light', 'prefill_compute_ms', 'p50'))}/"
+        f"{_cell(_p(report[mode], 'light', 'prefill_compute_ms'))} ms"
+        for mode in ("colocated", "disaggregated")
+    ))  # fmt: skip
+    idle = report.get("processes", {}).get("idle_cpu_cores", {})
+    if idle:
+        lines.append(
+            "idle CPU per process (cores): " + ", ".join(f"{k} {v}" for k, v in idle.items())
+        )
     long = report["disaggregated"].get("long")
     if long:
         frac = long["kv_fraction"]["p50"]

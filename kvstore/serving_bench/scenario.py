@@ -29,8 +29,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvstore.errors import BadRequestError
-from kvstore.serving_bench.hostload import ForeignLoad
+from kvstore.errors import BadRequestError, UnavailableError
+from kvstore.serving_bench.hostload import ForeignLoad, ProcessLoad, cpus_allowed
 from kvstore.serving_bench.launch import Launcher, serving_argv, storage_argv
 from kvstore.serving_bench.loadgen import ColocatedTarget, DisaggTarget, Target, drive
 from kvstore.serving_bench.metrics import RequestRecord
@@ -55,6 +55,7 @@ class BenchSizes:
     max_slowdown: float = 3.0
     storage_mib: int = 512
     block_tokens: int = 16
+    idle_probe_s: float = 1.5  # each process's CPU use measured over this, all idle
 
     def __post_init__(self) -> None:
         if self.heavy.burst_every_s <= 0:
@@ -63,6 +64,8 @@ class BenchSizes:
             raise BadRequestError("bad long-prompt probe or storage size")
         if self.reference_prompt < 1 or self.reference_prefill_s <= 0:
             raise BadRequestError("bad reference prompt")
+        if self.idle_probe_s <= 0:
+            raise BadRequestError("idle_probe_s must be positive")
         if self.max_slowdown < 1 or self.light_parts < 1:
             raise BadRequestError("max_slowdown and light_parts must be >= 1")
 
@@ -127,6 +130,8 @@ class BenchRun:
     slowdown: float  # applied to the schedules
     measured_slowdown: dict[str, float]  # per mode, from the warm-up
     runs: dict[str, ModeRun]
+    idle_cores: dict[str, float] = field(default_factory=dict)  # per process, all idle
+    cpus_allowed: dict[str, str] = field(default_factory=dict)  # per process, from /proc
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,7 @@ class Clusters:
     colocated: tuple[str, ...]
     prefill: str
     decode: str
+    pinned: dict[str, str]  # process name -> the cores it was asked to run on
 
 
 def two_cores() -> tuple[int, int]:
@@ -150,9 +156,9 @@ def start_clusters(sizes: BenchSizes, launcher: Launcher) -> Clusters:
     master = launcher.master()
     store_id = f"bench{os.getpid()}-store"
     colocated = [
-        (f"colocated{c}", serving_argv("decode_node", model=model, cpus=(c,),
+        (f"colocated{i}", serving_argv("decode_node", model=model, cpus=(c,),
                                        extra=["--colocated", *bt]))
-        for c in cores
+        for i, c in enumerate(cores)
     ]  # fmt: skip
     addresses = launcher.start_many(
         [
@@ -164,7 +170,19 @@ def start_clusters(sizes: BenchSizes, launcher: Launcher) -> Clusters:
                                     master=master, extra=bt)),
         ]
     )  # fmt: skip
-    return Clusters(tuple(addresses[:2]), addresses[3], addresses[4])
+    pinned = {"colocated0": str(cores[0]), "colocated1": str(cores[1]),
+              "prefill": str(cores[0]), "decode": str(cores[1])}  # fmt: skip
+    return Clusters(tuple(addresses[:2]), addresses[3], addresses[4], pinned)
+
+
+def check_pinning(clusters: Clusters, pids: dict[str, int]) -> dict[str, str]:
+    """Every process's allowed cores as /proc reports them; a serving node that is not
+    on the core it was given makes the comparison meaningless, so that raises."""
+    allowed = {name: cpus_allowed(pid) for name, pid in pids.items()}
+    wrong = {n: allowed.get(n) for n, want in clusters.pinned.items() if allowed.get(n) != want}
+    if wrong:
+        raise UnavailableError(f"nodes not pinned as asked {clusters.pinned}: {wrong}")
+    return allowed
 
 
 def _reference_s(records: list[RequestRecord]) -> float:
@@ -174,14 +192,24 @@ def _reference_s(records: list[RequestRecord]) -> float:
     return statistics.median(times)
 
 
+async def _idle_load(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each process's CPU use while nothing is sent: an idle node should use ~0."""
+    load = ProcessLoad(pids)
+    load.start()
+    await asyncio.sleep(seconds)  # the measurement window itself, not a wait for an event
+    return load.stop()
+
+
 async def _bench(
     sizes: BenchSizes,
     clusters: Clusters,
     slowdown: float | None,
     rounds: int,
     progress: Progress,
-    meter: ForeignLoad,
+    pids: dict[str, int],
 ) -> BenchRun:
+    meter = ForeignLoad(lambda: [os.getpid(), *pids.values()])
+
     async def metered(target: Target, arrivals: list[Arrival]) -> tuple[list[RequestRecord], float]:
         meter.start()
         records = await drive(arrivals, target)
@@ -204,6 +232,9 @@ async def _bench(
         typical = statistics.median(measured.values())
         factor = slowdown or min(max(typical, 1.0), sizes.max_slowdown)
         run = BenchRun(factor, measured, {m: ModeRun(m) for m in MODES})
+        run.cpus_allowed = check_pinning(clusters, pids)
+        run.idle_cores = await _idle_load(pids, sizes.idle_probe_s)
+        progress(f"idle CPU per process (cores): {run.idle_cores}")
         for r in range(rounds):
             for name, arrivals in sizes.phases(factor, r, rounds).items():
                 for mode in MODES if r % 2 == 0 else MODES[::-1]:
@@ -232,5 +263,5 @@ def run_bench(
     """Start both clusters, warm them up, run the interleaved phases."""
     progress("starting 2 colocated nodes, master, storage, prefill and decode nodes")
     clusters = start_clusters(sizes, launcher)
-    meter = ForeignLoad(lambda: [os.getpid(), *launcher.pids()])
-    return asyncio.run(_bench(sizes, clusters, slowdown, rounds, progress, meter))
+    pids = launcher.named_pids()
+    return asyncio.run(_bench(sizes, clusters, slowdown, rounds, progress, pids))

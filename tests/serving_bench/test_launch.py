@@ -20,6 +20,7 @@ def test_ready_line_address_and_clean_close() -> None:
         a, b = procs.start_many([("a", ["-c", SERVE]), ("b", ["-c", SERVE])])
         assert (a, b) == ("127.0.0.1:4242", "127.0.0.1:4242")
         live = [p for _, p in procs.procs]
+        assert procs.named_pids() == {"a": live[0].pid, "b": live[1].pid}
         assert procs.close() == []
     assert all(p.returncode == 0 for p in live) and procs.procs == []
 
@@ -46,4 +47,6 @@ def test_argv_builders() -> None:
     ]  # fmt: skip
     assert storage_argv("h:1", 8, "s0") == [
         "-m", "kvstore.node", "--master", "h:1", "--dram-mib", "8", "--node-id", "s0",
+        "--no-nixl",
     ]  # fmt: skip
+    assert storage_argv("h:1", 8, "s0", nixl=True)[-1] == "--nixl"

@@ -24,7 +24,8 @@ def _mode(name: str, stream_gap: float, burst_gap: float, light_ttft: float) -> 
     run.add("burst", [_rec("stream", 0.2, [stream_gap] * 9 + [burst_gap]),
                       _rec("burst", 0.5, [stream_gap], compute_s=0.4, publish_s=0.02,
                            publish_wait_s=0.004, pull_s=0.008, kv_bytes=1 << 20)])  # fmt: skip
-    run.add("light", [_rec("stream", light_ttft, [stream_gap] * 3)])
+    run.add("light", [_rec("stream", light_ttft, [stream_gap] * 3, node_queue_s=0.03,
+                           compute_s=0.05)])  # fmt: skip
     return run
 
 
@@ -51,6 +52,8 @@ def test_ratios_and_verdicts() -> None:
     assert report["slowdown"] == {"applied": 1.5,
                                   "measured": {"colocated": 1.4, "disaggregated": 1.6}}  # fmt: skip
     assert report["colocated"]["burst_prefill_ms"]["p50"] == pytest.approx(400.0)
+    assert report["colocated"]["light"]["node_queue_ms"]["p50"] == pytest.approx(30.0)
+    assert report["colocated"]["light"]["prefill_compute_ms"]["p50"] == pytest.approx(50.0)
     table = render_table(report)
     assert "target colocated_tbt_at_least_3x" in table and "KV handoff, 16-token" in table
 
@@ -60,3 +63,4 @@ def test_missing_figures_are_not_met() -> None:
                                "disaggregated": ModeRun("disaggregated")})  # fmt: skip
     report = interference_report(empty)
     assert all(v["met"] is False and v["value"] is None for v in report["targets"].values())
+    assert report["processes"] == {"idle_cpu_cores": {}, "cpus_allowed": {}}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from kvstore.errors import BadRequestError
-from kvstore.serving_bench.scenario import BenchSizes
+from kvstore.errors import BadRequestError, UnavailableError
+from kvstore.serving_bench.scenario import BenchSizes, Clusters, check_pinning
 from kvstore.serving_bench.workload import MixSpec
 
 HEAVY = MixSpec(duration_s=4.0, stream_every_s=1.0, stream_prompt=8, stream_tokens=4,
@@ -54,3 +58,21 @@ def test_bad_sizes() -> None:
         BenchSizes("tiny", HEAVY.without_bursts(), LIGHT, long_prompt=64, long_count=1)
     with pytest.raises(BadRequestError):
         BenchSizes("tiny", HEAVY, LIGHT, long_prompt=64, long_count=1, max_slowdown=0.5)
+    with pytest.raises(BadRequestError):
+        BenchSizes("tiny", HEAVY, LIGHT, long_prompt=64, long_count=1, idle_probe_s=0.0)
+
+
+def test_pinning_is_read_back_from_proc() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    code = f"import os; os.sched_setaffinity(0, {{{cpu}}}); print(1, flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "1\n"
+        ok = Clusters(("a", "b"), "p", "d", {"prefill": str(cpu)})
+        assert check_pinning(ok, {"prefill": child.pid}) == {"prefill": str(cpu)}
+        wrong = Clusters(("a", "b"), "p", "d", {"prefill": str(cpu), "decode": str(cpu)})
+        with pytest.raises(UnavailableError, match="not pinned"):
+            check_pinning(wrong, {"prefill": child.pid})  # decode: no such process
+    finally:
+        child.communicate("\n", timeout=30)
