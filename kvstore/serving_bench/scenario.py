@@ -16,7 +16,8 @@ disaggregated cluster `long` (very long prompts alone: KV handoff vs prefill).
 
 The schedules are written for a nominal speed (`reference_prefill_s` for a
 `reference_prompt`-token prefill). The warm-up times that prefill on every node and
-stretches the schedules by the slow-down (clamped to [1, max_slowdown]), so the
+stretches (or, on a faster machine, compresses) the schedules by the slow-down
+(clamped to [min_slowdown, max_slowdown]), so the
 load relative to the machine stays what the spec means.
 """
 
@@ -52,6 +53,7 @@ class BenchSizes:
     reference_prompt: int = 256
     reference_prefill_s: float = 0.5
     light_parts: int = 4
+    min_slowdown: float = 0.5
     max_slowdown: float = 3.0
     storage_mib: int = 512
     block_tokens: int = 16
@@ -66,8 +68,8 @@ class BenchSizes:
             raise BadRequestError("bad reference prompt")
         if self.idle_probe_s <= 0:
             raise BadRequestError("idle_probe_s must be positive")
-        if self.max_slowdown < 1 or self.light_parts < 1:
-            raise BadRequestError("max_slowdown and light_parts must be >= 1")
+        if not 0 < self.min_slowdown <= 1 <= self.max_slowdown or self.light_parts < 1:
+            raise BadRequestError("need 0 < min_slowdown <= 1 <= max_slowdown, light_parts >= 1")
 
     def phases(
         self, slowdown: float, round_index: int = 0, rounds: int = 1
@@ -230,7 +232,7 @@ async def _bench(
             reference = _reference_s(timed)
             measured[mode] = reference / sizes.reference_prefill_s
         typical = statistics.median(measured.values())
-        factor = slowdown or min(max(typical, 1.0), sizes.max_slowdown)
+        factor = slowdown or min(max(typical, sizes.min_slowdown), sizes.max_slowdown)
         run = BenchRun(factor, measured, {m: ModeRun(m) for m in MODES})
         run.cpus_allowed = check_pinning(clusters, pids)
         run.idle_cores = await _idle_load(pids, sizes.idle_probe_s)

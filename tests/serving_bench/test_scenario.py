@@ -59,6 +59,8 @@ def test_bad_sizes() -> None:
     with pytest.raises(BadRequestError):
         BenchSizes("tiny", HEAVY, LIGHT, long_prompt=64, long_count=1, max_slowdown=0.5)
     with pytest.raises(BadRequestError):
+        BenchSizes("tiny", HEAVY, LIGHT, long_prompt=64, long_count=1, min_slowdown=0.0)
+    with pytest.raises(BadRequestError):
         BenchSizes("tiny", HEAVY, LIGHT, long_prompt=64, long_count=1, idle_probe_s=0.0)
 
 
