@@ -3,7 +3,8 @@
 A steady stream of decode-heavy requests, plus bursts of long prompts, against
     colocated       two colocated nodes, one core each, requests round-robin
     disaggregated   a prefill node on core 0 and a decode node on core 1 (the
-                    master and a storage node share the cores; they mostly idle)
+                    master and a storage node share the cores; they mostly idle: the
+                    storage node runs without NIXL, whose idle progress thread spins)
 at the same total compute. Reports TTFT and TBT (time between tokens) p50/p99 of
 the stream alone (the no-burst baseline), of the stream under bursts, and of short
 prompts at light load; and the KV handoff time (publish + pull) as a fraction of
