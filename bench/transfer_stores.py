@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from kvstore.transfer.nixl import nixl_available
 from kvstore.v1 import master_pb2, master_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,8 +125,9 @@ def start_pools(kv_bytes: int, mc_bytes: int, with_mooncake: bool) -> Pools:
     try:
         master = _spawn(pools, [*kv, "master", "--listen", "127.0.0.1:0"])
         pools.kv_master = _ready_line(master, b"kvstore master").split()[4].decode()
+        nixl = ["--nixl"] if nixl_available() else []  # for the kv-nixl rows
         node = _spawn(pools, [*kv, "node", "--master", pools.kv_master,
-                              "--dram-mib", str(kv_bytes / MiB)])  # fmt: skip
+                              "--dram-mib", str(kv_bytes / MiB), *nixl])  # fmt: skip
         _ready_line(node, b"kvstore node ")
         if with_mooncake:
             _start_mooncake(pools, mc_bytes)

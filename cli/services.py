@@ -39,6 +39,9 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dram-mib", type=float, default=64.0, help="DRAM segment size")
     p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file")
     p.add_argument("--ssd-mib", type=float, default=0.0, help="SSD segment size (0 = none)")
+    p.add_argument(
+        "--nixl", action="store_true", help="serve DRAM by NIXL too (RDMA-capable; a busy core)"
+    )
     p.set_defaults(handler=run_node_cmd)
 
 
@@ -78,6 +81,7 @@ def run_node_cmd(args: argparse.Namespace) -> int:
         dram_bytes=int(args.dram_mib * MIB),
         ssd_dir=args.ssd_dir,
         ssd_bytes=int(args.ssd_mib * MIB),
+        nixl=args.nixl,
     )
     run_node(config)
     return 0

@@ -104,6 +104,7 @@ class Cluster:
     master_options: dict[str, float] = field(default_factory=dict)
     db_path: str | None = None
     heartbeat_s: float = 0.2
+    nixl: bool = False  # nodes also serve their DRAM by NIXL (`kvstore.node --nixl`)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kvs-cluster-")))
     address: str = ""
     master: subprocess.Popen[bytes] | None = None
@@ -155,6 +156,7 @@ class Cluster:
             sys.executable, "-m", "kvstore.node", "--master", self.address, "--node-id", node_id,
             "--dram-mib", str(dram / (1 << 20)), "--heartbeat-s", str(self.heartbeat_s),
         ]  # fmt: skip
+        args += ["--nixl"] if self.nixl else []
         segments = int(dram > 0)
         if self.ssd_bytes:
             args += ["--ssd-dir", str(self.workdir), "--ssd-mib", str(self.ssd_bytes / (1 << 20))]

@@ -24,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
     p.add_argument("--join-timeout-s", type=float, default=30.0, help="wait for the master")
     p.add_argument(
-        "--nixl", action=argparse.BooleanOptionalAction, default=None,
-        help="serve the DRAM segment by NIXL too (default: when NIXL is installed)",
+        "--nixl", action=argparse.BooleanOptionalAction, default=False,
+        help="serve the DRAM segment by NIXL too (RDMA-capable; costs a spinning core)",
     )  # fmt: skip
     p.add_argument("--log-level", default="WARNING")
     return p

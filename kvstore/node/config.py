@@ -21,8 +21,11 @@ class NodeConfig:
 
     `heartbeat_s` = 0 uses the interval the master asks for at registration.
     `ssd_dir` + `ssd_bytes` > 0 add an SSD segment (a preallocated file, mmap'd).
-    `nixl` None exposes the DRAM segment through a NIXL agent when NIXL is installed
-    (and logs a warning when the agent cannot start); True fails the start instead.
+    `nixl` True also serves the DRAM segment through a NIXL agent (RDMA-capable; the
+    start fails if the agent cannot start); None does so when NIXL is installed, with a
+    warning if it cannot. Off by default: NIXL's Python API runs its progress thread
+    with no delay, which spins a core of an idle node (measured 0.96 core), and on hosts
+    without RDMA its UCX path ran slower than kvstore's own shm and TCP (docs/nixl.md).
     """
 
     master: str
@@ -37,7 +40,7 @@ class NodeConfig:
     join_timeout_s: float = 0.0  # keep retrying an unreachable master this long at start
     alignment: int = 0  # allocation alignment the master uses in our segments; 0 = its default
     credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
-    nixl: bool | None = None  # serve DRAM by NIXL too: None = when installed, True = must
+    nixl: bool | None = False  # serve DRAM by NIXL too: True = must, None = when installed
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)

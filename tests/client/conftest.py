@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 
 from kvstore.client import Client
+from kvstore.transfer.nixl import nixl_available
 from tests.cluster import cluster_fixture
 
-cluster = cluster_fixture(scope="package", nodes=2, dram_bytes=8 << 20, ssd_bytes=4 << 20)
+cluster = cluster_fixture(
+    scope="package", nodes=2, dram_bytes=8 << 20, ssd_bytes=4 << 20, nixl=nixl_available()
+)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvstore.transfer.nixl import nixl_available
 from tests.netns.driver import READY_LINE, DriverClient
 from tests.netns.hosts import Network, Proc
 
@@ -55,6 +56,7 @@ class Pool:
             "--node-id", node_id, "--host", self.net.hosts[host].address,
             "--dram-mib", str(dram_mib), "--heartbeat-s", "0.2", "--join-timeout-s", "30",
         ]  # fmt: skip
+        args += ["--nixl"] if nixl_available() else []  # between hosts auto then uses NIXL
         proc = self.net.spawn(host, node_id, args)
         self.nodes[node_id] = proc
         self._pending.append((proc, b"kvstore node "))

@@ -75,7 +75,8 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str
             ssd = 0 if tier == "dram" else 16 << 20
             sizes = {"dram_bytes": (16 << 20) - ssd, "ssd_bytes": ssd}
             workdir = tmp_path_factory.mktemp(f"pool-{tier}")
-            started[tier] = Cluster(nodes=1, workdir=workdir, **sizes).start()
+            nixl = nixl_available()  # the nixl transport case reads the DRAM node by NIXL
+            started[tier] = Cluster(nodes=1, workdir=workdir, nixl=nixl, **sizes).start()
         return started[tier]
 
     yield get
