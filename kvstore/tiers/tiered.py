@@ -123,23 +123,39 @@ class TieredStore:
     def get(self, key: ObjectKey) -> bytes | None:
         """The object's bytes from the fastest tier that has it, or None."""
         key = check_key(key)
-        for kind in self._order:
-            value = self._tiers[kind].get(key)
-            if value is not None:
-                self._note_hit(key, kind, value)
-                return value
-        return None
+        found = self._read(key, lambda tier: tier.get(key))
+        if found is None:
+            return None
+        kind, value = found
+        self._note_hit(key, kind, value)
+        return value
 
     def get_into(self, key: ObjectKey, out: memoryview | bytearray) -> int | None:
         """Copy the object into `out`; returns its size, or None when absent."""
         key = check_key(key)
         view = memoryview(out).cast("B")
+        found = self._read(key, lambda tier: tier.get_into(key, view))
+        if found is None:
+            return None
+        kind, size = found
+        self._note_hit(key, kind, view[:size])
+        return size
+
+    def _read(
+        self, key: ObjectKey, read: Callable[[ObjectTier], T | None]
+    ) -> tuple[Tier, T] | None:
+        """The first tier, fastest first, where `read` finds the object. Reads run
+        without the store lock; a miss in every tier is checked again under it (with
+        `exists`, which counts no miss), since a promotion can move the object up past
+        a reader between two tiers."""
         for kind in self._order:
-            size = self._tiers[kind].get_into(key, view)
-            if size is not None:
-                self._note_hit(key, kind, view[:size])
-                return size
-        return None
+            result = read(self._tiers[kind])
+            if result is not None:
+                return kind, result
+        with self._lock:
+            kind = self.tier_of(key)
+            result = None if kind is None else read(self._tiers[kind])
+        return None if kind is None or result is None else (kind, result)
 
     def batch_get(self, keys: Sequence[ObjectKey]) -> list[bytes | None]:
         return [self.get(key) for key in keys]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import hypothesis.strategies as st
 import pytest
@@ -236,3 +236,35 @@ class TieredModel(RuleBasedStateMachine):
 
 TieredModel.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
 test_tiered_model = TieredModel.TestCase
+
+
+class _DramWithMissHook(DramTier):
+    """A real DRAM tier that runs `on_miss` once, the first time a get misses: the
+    window in which another thread's promotion moves the object past this reader."""
+
+    on_miss: Callable[[], None] | None = None
+
+    def get(self, key: ObjectKey) -> bytes | None:
+        value = super().get(key)
+        hook, self.on_miss = self.on_miss, None
+        if value is None and hook is not None:
+            hook()
+        return value
+
+
+def test_reader_overtaken_by_a_promotion_still_finds_the_object(tmp_path: os.PathLike) -> None:
+    dram = _DramWithMissHook(
+        DramConfig(capacity_bytes=4 * KIB, high_watermark=1.0, low_watermark=1.0)
+    )
+    store = TieredStore([dram, _ssd(str(tmp_path), 64 * KIB)], TieredConfig(promote_after_hits=2))
+    try:
+        for key in "abcde":
+            store.put(ObjectKey(key), val(key))
+        assert store.get(ObjectKey("a")) == val("a")  # first hit, in SSD
+        # the next reader misses DRAM; meanwhile a second hit promotes "a" out of SSD
+        dram.on_miss = lambda: store._promote(ObjectKey("a"), Tier.SSD, val("a"))
+        assert store.get(ObjectKey("a")) == val("a")
+        assert store.tier_of(ObjectKey("a")) == Tier.DRAM
+        store.check_integrity()
+    finally:
+        store.close()
