@@ -24,10 +24,9 @@ from kvstore.serving.node import (
     identity_stats,
     open_store,
     process_config,
-    run_node,
+    serve_until_signal,
     serving_config,
     start_server,
-    stop_on_signal,
     translate_stream,
 )
 from kvstore.serving.request import Handoff, Request
@@ -113,6 +112,9 @@ class DecodeServicer(serving_pb2_grpc.DecodeServiceServicer):
     def close(self) -> None:
         self.scheduler.stop()
 
+    async def aclose(self) -> None:
+        self.close()
+
 
 async def serve(
     config: ServingConfig, store: BlockStore | None, listen: str, pool_segment: bool = False
@@ -156,17 +158,5 @@ def main(argv: list[str] | None = None) -> None:
     except (KVStoreError, OSError, ValueError) as exc:
         parser.error(str(exc))
 
-    async def run() -> None:
-        segment = bool(args.master and args.segment_bytes)
-        node, servicer = await serve(config, store, args.listen, segment)
-        stop = stop_on_signal()
-        print(f"{role} node listening on {node.address}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await node.server.stop(0.5)
-            servicer.close()
-            if store is not None:
-                store.close()
-
-    run_node(run)
+    segment = bool(args.master and args.segment_bytes)
+    serve_until_signal(role, lambda: serve(config, store, args.listen, segment), store)

@@ -25,10 +25,9 @@ from kvstore.serving.node import (
     identity_stats,
     open_store,
     process_config,
-    run_node,
+    serve_until_signal,
     serving_config,
     start_server,
-    stop_on_signal,
 )
 from kvstore.serving.prefill import PrefillResult, PrefillWorker
 from kvstore.serving.prefill_queue import PrefillQueue, Ticket
@@ -114,6 +113,10 @@ class PrefillServicer(serving_pb2_grpc.PrefillServiceServicer):
         self._compute.shutdown(wait=True)
         self.worker.close()
 
+    async def aclose(self) -> None:
+        await self.stop_sweeper()
+        self.close()
+
 
 async def serve(
     config: ServingConfig, store: BlockStore, listen: str, pool_segment: bool = False
@@ -143,17 +146,5 @@ def main(argv: list[str] | None = None) -> None:
     if store is None:
         parser.error("a prefill node needs --master (or --local-store-bytes)")
 
-    async def run() -> None:
-        segment = bool(args.master and args.segment_bytes)
-        node, servicer = await serve(config, store, args.listen, segment)
-        stop = stop_on_signal()
-        print(f"prefill node listening on {node.address}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await node.server.stop(0.5)
-            await servicer.stop_sweeper()
-            servicer.close()
-            store.close()
-
-    run_node(run)
+    segment = bool(args.master and args.segment_bytes)
+    serve_until_signal("prefill", lambda: serve(config, store, args.listen, segment), store)

@@ -15,9 +15,9 @@ import contextlib
 import functools
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -147,6 +147,36 @@ def run_node(main: Callable[[], Any]) -> None:
     """Run an async main until interrupted."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+class Servicer(Protocol):
+    """What a node process closes after its server stops."""
+
+    async def aclose(self) -> None: ...
+
+
+def serve_until_signal(
+    label: str,
+    start: Callable[[], Awaitable[tuple[NodeServer, Servicer]]],
+    store: BlockStore | None,
+) -> None:
+    """The life of a node process: start serving, announce "<label> node listening on
+    <address>", wait for SIGINT/SIGTERM, then stop the server, the servicer and the store
+    in that order (no request can reach a closed servicer or store)."""
+
+    async def main() -> None:
+        node, servicer = await start()
+        stop = stop_on_signal()
+        print(f"{label} node listening on {node.address}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await node.server.stop(0.5)
+            await servicer.aclose()
+            if store is not None:
+                store.close()
+
+    run_node(main)
 
 
 def stop_on_signal() -> asyncio.Event:
