@@ -1,6 +1,6 @@
 """Replay a Mooncake (.jsonl) or Azure (.csv) trace through the conductor's real policies.
 
-    python bench/trace_replay.py --trace ../shared/data/mooncake_conversation_trace.jsonl
+    python bench/trace_replay.py --trace kvstore/data/mooncake_conversation_trace.jsonl
 
 Part 1, hit ratios (full trace, routing-only fast path): for each policy and total pool
 capacity, the prefix hit ratio over a pooled store and over per-node local caches, against

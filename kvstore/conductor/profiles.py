@@ -1,7 +1,7 @@
 """Named model profiles: a fitted latency model plus the KV size of the model.
 
-Data files are read by path: `data_dir()` is $KVSTORE_DATA_DIR, else
-<repo>/../shared/data (repo = the parent of the `kvstore` package directory).
+Data files are read by path: `data_dir()` is $KVSTORE_DATA_DIR, else the data shipped
+inside the package (`kvstore/data/`, sources and licenses in its README.md).
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ class Profile:
 
 
 def data_dir() -> Path:
-    """Where the shared data files live; NotFoundError with the path tried when absent."""
+    """Where the data files live; NotFoundError with the path tried when absent."""
     env = os.environ.get("KVSTORE_DATA_DIR")
-    repo = Path(kvstore.__file__).resolve().parent.parent
-    path = Path(env) if env else repo.parent / "shared" / "data"
+    path = Path(env) if env else Path(kvstore.__file__).resolve().parent / "data"
     if not path.is_dir():
         raise NotFoundError(f"data directory {path} not found; set KVSTORE_DATA_DIR")
     return path

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+import kvstore
+
 from kvstore.sim.traces import (
     TraceError,
     read_azure,
@@ -17,10 +19,10 @@ from kvstore.sim.traces import (
     window,
 )
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = Path(kvstore.__file__).resolve().parent / "data"
 MOONCAKE = DATA / "mooncake_conversation_trace.jsonl"
 AZURE = DATA / "azure_conv_2023.csv"
-needs_data = pytest.mark.skipif(not MOONCAKE.is_file(), reason="shared data not present")
+
 
 GOOD = '{"timestamp": 1500, "input_length": 600, "output_length": 7, "hash_ids": [4, 9]}\n'
 
@@ -119,7 +121,6 @@ def test_scale_and_window(tmp_path: Path) -> None:
     assert all(0 <= r.arrival_s < 10.0 for r in w.requests)
 
 
-@needs_data
 def test_real_traces_match_published_counts() -> None:
     m = read_mooncake(MOONCAKE)
     assert (len(m.requests), m.skipped) == (12031, 0)
