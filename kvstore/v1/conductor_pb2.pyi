@@ -45,7 +45,7 @@ class Placement(_message.Message):
     predicted_tbt_s: float
     reason: str
     source_node: str
-    def __init__(self, policy: _Optional[str] = ..., prefill_node: _Optional[str] = ..., decode_node: _Optional[str] = ..., local_prefill: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., predicted_ttft_s: _Optional[float] = ..., predicted_tbt_s: _Optional[float] = ..., reason: _Optional[str] = ..., source_node: _Optional[str] = ...) -> None: ...
+    def __init__(self, policy: _Optional[str] = ..., prefill_node: _Optional[str] = ..., decode_node: _Optional[str] = ..., local_prefill: bool = ..., cached_blocks: _Optional[int] = ..., predicted_ttft_s: _Optional[float] = ..., predicted_tbt_s: _Optional[float] = ..., reason: _Optional[str] = ..., source_node: _Optional[str] = ...) -> None: ...
 
 class RequestTimings(_message.Message):
     __slots__ = ("route_s", "ttft_s", "total_s", "prompt_tokens", "cached_tokens", "prefill", "decode")
@@ -123,7 +123,7 @@ class NodeStatus(_message.Message):
     routed_prefills: int
     routed_decodes: int
     report: _serving_pb2.ServingStatsResponse
-    def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., block_tokens: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., inflight_prefills: _Optional[int] = ..., inflight_prefill_tokens: _Optional[int] = ..., inflight_decodes: _Optional[int] = ..., reserved_kv_tokens: _Optional[int] = ..., est_queue_wait_s: _Optional[float] = ..., routed_prefills: _Optional[int] = ..., routed_decodes: _Optional[int] = ..., report: _Optional[_Union[_serving_pb2.ServingStatsResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., healthy: bool = ..., error: _Optional[str] = ..., block_tokens: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., inflight_prefills: _Optional[int] = ..., inflight_prefill_tokens: _Optional[int] = ..., inflight_decodes: _Optional[int] = ..., reserved_kv_tokens: _Optional[int] = ..., est_queue_wait_s: _Optional[float] = ..., routed_prefills: _Optional[int] = ..., routed_decodes: _Optional[int] = ..., report: _Optional[_Union[_serving_pb2.ServingStatsResponse, _Mapping]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("policy", "policies", "nodes", "requests", "rejected", "failed", "local_prefills", "remote_prefills")

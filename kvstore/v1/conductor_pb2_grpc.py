@@ -5,7 +5,7 @@ import warnings
 
 from kvstore.v1 import conductor_pb2 as kvstore_dot_v1_dot_conductor__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class ConductorStub:
+class ConductorStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -46,7 +46,7 @@ class ConductorStub:
                 _registered_method=True)
 
 
-class ConductorServicer:
+class ConductorServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
@@ -82,7 +82,7 @@ def add_ConductorServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Conductor:
+class Conductor(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

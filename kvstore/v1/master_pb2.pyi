@@ -67,7 +67,7 @@ class MountSegmentRequest(_message.Message):
     capacity: int
     alignment: int
     shm: bool
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., alignment: _Optional[int] = ..., shm: _Optional[bool] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., alignment: _Optional[int] = ..., shm: bool = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ()
@@ -169,7 +169,7 @@ class BatchLookupRequest(_message.Message):
     lease_ttl_ms: int
     pin_ttl_ms: int
     no_lease: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: _Optional[bool] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ...) -> None: ...
 
 class LookupResult(_message.Message):
     __slots__ = ("status", "size", "replicas", "group")
@@ -197,7 +197,7 @@ class MatchPrefixRequest(_message.Message):
     BY_GROUP_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     by_group: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., by_group: _Optional[bool] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., by_group: bool = ...) -> None: ...
 
 class PrefixMatch(_message.Message):
     __slots__ = ("node_id", "tier", "length")
@@ -223,7 +223,7 @@ class RemoveRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     force: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("results",)
@@ -261,7 +261,7 @@ class SegmentStats(_message.Message):
     bytes_out: int
     objects: int
     shm: bool
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ..., shm: _Optional[bool] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ..., shm: bool = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("node_id", "endpoint", "ms_since_heartbeat")

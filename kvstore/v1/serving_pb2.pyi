@@ -58,7 +58,7 @@ class KVHandoff(_message.Message):
     tail_key: str
     tail_tokens: int
     layered: bool
-    def __init__(self, block_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., tail_tokens: _Optional[int] = ..., layered: _Optional[bool] = ...) -> None: ...
+    def __init__(self, block_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., tail_tokens: _Optional[int] = ..., layered: bool = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_s", "match_s", "load_s", "compute_s", "publish_s", "publish_wait_s", "total_s", "published_bytes")
@@ -134,7 +134,7 @@ class DecodeTimings(_message.Message):
     ttft_s: float
     recomputed: bool
     pulled_bytes: int
-    def __init__(self, queue_s: _Optional[float] = ..., pull_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., recomputed: _Optional[bool] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, queue_s: _Optional[float] = ..., pull_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., recomputed: bool = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("index", "token_ids", "token_times_s", "finish_reason", "timings")
@@ -192,4 +192,4 @@ class ServingStatsResponse(_message.Message):
     local_prefill_tokens: int
     waiting_tokens: int
     pool_segment: bool
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., num_layers: _Optional[int] = ..., kv_objects: _Optional[str] = ..., local_prefill_tokens: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., pool_segment: _Optional[bool] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., batch_invariant: bool = ..., num_layers: _Optional[int] = ..., kv_objects: _Optional[str] = ..., local_prefill_tokens: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., pool_segment: bool = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from kvstore.v1 import serving_pb2 as kvstore_dot_v1_dot_serving__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class PrefillServiceStub:
+class PrefillServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -46,7 +46,7 @@ class PrefillServiceStub:
                 _registered_method=True)
 
 
-class PrefillServiceServicer:
+class PrefillServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Prefill(self, request, context):
@@ -82,7 +82,7 @@ def add_PrefillServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class PrefillService:
+class PrefillService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -140,7 +140,7 @@ class PrefillService:
             _registered_method=True)
 
 
-class DecodeServiceStub:
+class DecodeServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -166,7 +166,7 @@ class DecodeServiceStub:
                 _registered_method=True)
 
 
-class DecodeServiceServicer:
+class DecodeServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Decode(self, request, context):
@@ -215,7 +215,7 @@ def add_DecodeServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class DecodeService:
+class DecodeService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
