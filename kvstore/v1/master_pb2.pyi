@@ -12,8 +12,17 @@ class ObjectState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OBJECT_STATE_WRITING: _ClassVar[ObjectState]
     OBJECT_STATE_COMPLETE: _ClassVar[ObjectState]
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_COPY: _ClassVar[TaskKind]
+    TASK_KIND_PERSIST: _ClassVar[TaskKind]
+    TASK_KIND_FORGET: _ClassVar[TaskKind]
 OBJECT_STATE_WRITING: ObjectState
 OBJECT_STATE_COMPLETE: ObjectState
+TASK_KIND_COPY: TaskKind
+TASK_KIND_PERSIST: TaskKind
+TASK_KIND_FORGET: TaskKind
 
 class KeyStatus(_message.Message):
     __slots__ = ("code", "message")
@@ -24,12 +33,14 @@ class KeyStatus(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "endpoint")
+    __slots__ = ("node_id", "endpoint", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     endpoint: _common_pb2.NodeEndpoint
-    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("master_epoch", "node_ttl_ms", "heartbeat_interval_ms")
@@ -132,12 +143,14 @@ class PutStartResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
-    __slots__ = ("client_id", "keys")
+    __slots__ = ("client_id", "keys", "checksums")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PutEndResponse(_message.Message):
     __slots__ = ("results",)
@@ -172,16 +185,18 @@ class BatchLookupRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ...) -> None: ...
 
 class LookupResult(_message.Message):
-    __slots__ = ("status", "size", "replicas", "group")
+    __slots__ = ("status", "size", "replicas", "group", "checksum")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     status: KeyStatus
     size: int
     replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
     group: str
-    def __init__(self, status: _Optional[_Union[KeyStatus, _Mapping]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
+    checksum: int
+    def __init__(self, status: _Optional[_Union[KeyStatus, _Mapping]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., group: _Optional[str] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class BatchLookupResponse(_message.Message):
     __slots__ = ("results", "lease_ttl_ms")
@@ -236,7 +251,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas", "hits", "evictions", "bytes_in", "bytes_out", "objects", "shm")
+    __slots__ = ("node_id", "segment", "tier", "capacity", "used", "replicas", "hits", "evictions", "bytes_in", "bytes_out", "objects", "shm", "offloads_in", "promotions_in", "corrupt", "high_watermark_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +264,10 @@ class SegmentStats(_message.Message):
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADS_IN_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_IN_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment: str
     tier: _common_pb2.Tier
@@ -261,7 +280,11 @@ class SegmentStats(_message.Message):
     bytes_out: int
     objects: int
     shm: bool
-    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ..., shm: bool = ...) -> None: ...
+    offloads_in: int
+    promotions_in: int
+    corrupt: int
+    high_watermark_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., replicas: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., objects: _Optional[int] = ..., shm: bool = ..., offloads_in: _Optional[int] = ..., promotions_in: _Optional[int] = ..., corrupt: _Optional[int] = ..., high_watermark_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("node_id", "endpoint", "ms_since_heartbeat")
@@ -274,7 +297,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., ms_since_heartbeat: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete")
+    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete", "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "moves_in_flight", "adopted", "failed_moves")
     NODES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +312,13 @@ class StatsResponse(_message.Message):
     DROPPED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_MOVES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
     objects: int
@@ -303,7 +333,14 @@ class StatsResponse(_message.Message):
     dropped_replicas: int
     master_epoch: str
     complete: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ...) -> None: ...
+    offloads: int
+    promotions: int
+    promotions_skipped: int
+    corrupt_replicas: int
+    moves_in_flight: int
+    adopted: int
+    failed_moves: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ..., offloads: _Optional[int] = ..., promotions: _Optional[int] = ..., promotions_skipped: _Optional[int] = ..., corrupt_replicas: _Optional[int] = ..., moves_in_flight: _Optional[int] = ..., adopted: _Optional[int] = ..., failed_moves: _Optional[int] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "prefix")
@@ -316,7 +353,7 @@ class ListObjectsRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class ObjectInfo(_message.Message):
-    __slots__ = ("key", "size", "state", "group", "replicas", "lease_ms_left", "pin_ms_left")
+    __slots__ = ("key", "size", "state", "group", "replicas", "lease_ms_left", "pin_ms_left", "checksum", "slow_hits")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +361,8 @@ class ObjectInfo(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_LEFT_FIELD_NUMBER: _ClassVar[int]
     PIN_MS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SLOW_HITS_FIELD_NUMBER: _ClassVar[int]
     key: str
     size: int
     state: ObjectState
@@ -331,7 +370,9 @@ class ObjectInfo(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
     lease_ms_left: int
     pin_ms_left: int
-    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[_Union[ObjectState, str]] = ..., group: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., lease_ms_left: _Optional[int] = ..., pin_ms_left: _Optional[int] = ...) -> None: ...
+    checksum: int
+    slow_hits: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[_Union[ObjectState, str]] = ..., group: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., lease_ms_left: _Optional[int] = ..., pin_ms_left: _Optional[int] = ..., checksum: _Optional[int] = ..., slow_hits: _Optional[int] = ...) -> None: ...
 
 class ListObjectsResponse(_message.Message):
     __slots__ = ("objects", "next_page_token")
@@ -340,3 +381,99 @@ class ListObjectsResponse(_message.Message):
     objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
     next_page_token: str
     def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class NodeTask(_message.Message):
+    __slots__ = ("task_id", "kind", "key", "src", "dst", "checksum")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    kind: TaskKind
+    key: str
+    src: _common_pb2.Location
+    dst: _common_pb2.Location
+    checksum: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., key: _Optional[str] = ..., src: _Optional[_Union[_common_pb2.Location, _Mapping]] = ..., dst: _Optional[_Union[_common_pb2.Location, _Mapping]] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class TaskResult(_message.Message):
+    __slots__ = ("task_id", "status", "checksum")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    status: KeyStatus
+    checksum: int
+    def __init__(self, task_id: _Optional[int] = ..., status: _Optional[_Union[KeyStatus, _Mapping]] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class NodeTasksRequest(_message.Message):
+    __slots__ = ("node_id", "done", "wait_ms", "max_tasks")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    done: _containers.RepeatedCompositeFieldContainer[TaskResult]
+    wait_ms: int
+    max_tasks: int
+    def __init__(self, node_id: _Optional[str] = ..., done: _Optional[_Iterable[_Union[TaskResult, _Mapping]]] = ..., wait_ms: _Optional[int] = ..., max_tasks: _Optional[int] = ...) -> None: ...
+
+class NodeTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[NodeTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[NodeTask, _Mapping]]] = ...) -> None: ...
+
+class AnnouncedObject(_message.Message):
+    __slots__ = ("key", "offset", "length", "checksum", "group")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    offset: int
+    length: int
+    checksum: int
+    group: str
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
+
+class AnnounceObjectsRequest(_message.Message):
+    __slots__ = ("node_id", "segment", "objects", "complete")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment: str
+    objects: _containers.RepeatedCompositeFieldContainer[AnnouncedObject]
+    complete: bool
+    def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[AnnouncedObject, _Mapping]]] = ..., complete: bool = ...) -> None: ...
+
+class AnnounceObjectsResponse(_message.Message):
+    __slots__ = ("adopted", "known", "dropped", "refused")
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    adopted: int
+    known: int
+    dropped: int
+    refused: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adopted: _Optional[int] = ..., known: _Optional[int] = ..., dropped: _Optional[int] = ..., refused: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportCorruptRequest(_message.Message):
+    __slots__ = ("keys", "replicas")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
+
+class ReportCorruptResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: int
+    def __init__(self, dropped: _Optional[int] = ...) -> None: ...

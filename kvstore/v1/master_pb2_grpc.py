@@ -94,6 +94,21 @@ class MasterStub(object):
                 request_serializer=kvstore_dot_v1_dot_master__pb2.ListObjectsRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.ListObjectsResponse.FromString,
                 _registered_method=True)
+        self.NodeTasks = channel.unary_unary(
+                '/kvstore.v1.Master/NodeTasks',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.NodeTasksRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.NodeTasksResponse.FromString,
+                _registered_method=True)
+        self.AnnounceObjects = channel.unary_unary(
+                '/kvstore.v1.Master/AnnounceObjects',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.AnnounceObjectsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.AnnounceObjectsResponse.FromString,
+                _registered_method=True)
+        self.ReportCorrupt = channel.unary_unary(
+                '/kvstore.v1.Master/ReportCorrupt',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer(object):
@@ -175,6 +190,28 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeTasks(self, request, context):
+        """Tiers: background moves the master asks a node to make between its own
+        segments (offload, promotion, persistence), long-polled by the node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnnounceObjects(self, request, context):
+        """A restarted node lists the objects its persistent segment holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCorrupt(self, request, context):
+        """A reader whose bytes failed their checksum: the master drops that replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +274,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListObjects,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.ListObjectsRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.ListObjectsResponse.SerializeToString,
+            ),
+            'NodeTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeTasks,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.NodeTasksRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.NodeTasksResponse.SerializeToString,
+            ),
+            'AnnounceObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceObjects,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.AnnounceObjectsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.AnnounceObjectsResponse.SerializeToString,
+            ),
+            'ReportCorrupt': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCorrupt,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -563,6 +615,87 @@ class Master(object):
             '/kvstore.v1.Master/ListObjects',
             kvstore_dot_v1_dot_master__pb2.ListObjectsRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.ListObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/NodeTasks',
+            kvstore_dot_v1_dot_master__pb2.NodeTasksRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.NodeTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/AnnounceObjects',
+            kvstore_dot_v1_dot_master__pb2.AnnounceObjectsRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.AnnounceObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCorrupt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/ReportCorrupt',
+            kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.FromString,
             options,
             channel_credentials,
             insecure,
