@@ -26,8 +26,8 @@ from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_async
 from kvstore.client.writes import PutOptions
+from kvstore.edge import aio_channel
 from kvstore.errors import BadRequestError, KVStoreError
-from kvstore.master.server import grpc_options
 from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
 from kvstore.types import Tier
@@ -66,11 +66,7 @@ class AsyncClient:
         return self
 
     def _make_channel(self) -> grpc.aio.Channel:
-        cfg = self.config
-        if cfg.credentials is not None:
-            creds = cfg.credentials
-            return grpc.aio.secure_channel(cfg.master, creds, options=grpc_options())  # type: ignore[arg-type]
-        return grpc.aio.insecure_channel(cfg.master, options=grpc_options())
+        return aio_channel(self.config.master, self.config.credentials)
 
     async def _call(self, step: Rpc) -> Any:
         assert self._stub is not None

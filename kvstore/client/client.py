@@ -26,8 +26,9 @@ from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_sync
 from kvstore.client.writes import PutOptions
+from kvstore.edge import sync_channel
 from kvstore.errors import BadRequestError, KVStoreError
-from kvstore.node.node import StorageNode, master_channel
+from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
 from kvstore.types import Tier
 from kvstore.v1 import master_pb2_grpc
@@ -52,7 +53,7 @@ class Client:
         self._data = DataPath(self.config.transport, self.config.timeout_s)
         self._ctx = OpContext(self.config, SegmentDirectory(), self._data)
         self._ops = ClientOps(self._ctx)
-        self._channel = master_channel(self.config.master, self.config.credentials)
+        self._channel = sync_channel(self.config.master, self.config.credentials)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
         self._node: StorageNode | None = None
         self._closed = False

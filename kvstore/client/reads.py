@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from kvstore.client.context import OpContext, resolve
 from kvstore.client.datapath import Transfer
 from kvstore.client.steps import Io, Op, Rpc
+from kvstore.edge import from_pb_location
 from kvstore.errors import KVStoreError, TransferError
-from kvstore.master.service import from_pb_location
 from kvstore.rpc_errors import error_for
 from kvstore.transfer.base import TransferOp
 from kvstore.transfer.shm import shm_reachable

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from kvstore.client.context import OpContext, resolve
 from kvstore.client.datapath import BatchResult, Transfer
 from kvstore.client.steps import Io, Op, Rpc
+from kvstore.edge import from_pb_location
 from kvstore.errors import KVStoreError, TransferError
-from kvstore.master.service import from_pb_location
 from kvstore.rpc_errors import error_for
 from kvstore.transfer.base import TransferOp
 from kvstore.types import Location, Tier

@@ -15,10 +15,7 @@ import signal
 import uuid
 from dataclasses import dataclass, replace
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from kvstore.errors import BadRequestError
+from kvstore import edge
 from kvstore.master.config import MasterConfig
 from kvstore.master.journal import MetaJournal, NullJournal, RocksJournal
 from kvstore.master.metadata import MasterState
@@ -36,62 +33,78 @@ class MasterHandle:
     address: str
     epoch: str
     state: MasterState
-    server: grpc.aio.Server
+    edge: edge.EdgeServer
     ticker: asyncio.Task[None]
     journal: MetaJournal
+
+    @property
+    def metrics_address(self) -> str:
+        return self.edge.metrics_address
 
     async def stop(self, grace_s: float = 0.5) -> None:
         self.ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.ticker
-        await self.server.stop(grace_s)
+        await self.edge.stop(grace_s)
         self.journal.close()
 
 
-def grpc_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int]]:
-    """Channel/server options for master traffic: big batches, no port sharing."""
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
+grpc_options = edge.channel_options  # kept for callers of the old name
 
 
-async def serve(config: MasterConfig) -> MasterHandle:
-    """Start a master on `config.listen` (port 0 picks a free one) and return its handle."""
+async def serve(config: MasterConfig, metrics_listen: str | None = None) -> MasterHandle:
+    """Start a master on `config.listen` (port 0 picks a free one) and return its handle;
+    `metrics_listen` HOST:PORT serves /metrics (None: KVSTORE_METRICS_LISTEN, if set)."""
+    from kvstore.metrics import MasterCollector
+
     journal: MetaJournal = RocksJournal(config.db_path) if config.db_path else NullJournal()
-    state = MasterState(config, journal=journal)
-    restored = state.restore()
-    epoch = uuid.uuid4().hex
-    server = grpc.aio.server(options=grpc_options(config.max_message_bytes))
-    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(state, epoch), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(config.listen)
-    if port == 0:
-        raise BadRequestError(f"cannot listen on {config.listen!r}")
-    await server.start()
-    serving = health_pb2.HealthCheckResponse.SERVING
-    await health_servicer.set(SERVICE_NAME, serving)
-    await health_servicer.set("", serving)
-    host = config.listen.rsplit(":", 1)[0]
+    try:
+        state = MasterState(config, journal=journal)
+        restored = state.restore()
+        epoch = uuid.uuid4().hex
+        servicer = MasterServicer(state, epoch)
+        collector = MasterCollector.for_state(state, asyncio.get_running_loop())
+        server = await edge.start_server(
+            config.listen,
+            lambda s: master_pb2_grpc.add_MasterServicer_to_server(servicer, s),
+            [SERVICE_NAME],
+            metrics_listen=metrics_listen,
+            collectors=[collector],
+            component="master",
+            max_message_bytes=config.max_message_bytes,
+        )
+    except BaseException:
+        journal.close()
+        raise
     ticker = asyncio.create_task(_tick_forever(state, config.tick_interval_s))
-    log.info("master %s on %s:%d (restored %d objects)", epoch, host, port, restored)
-    return MasterHandle(f"{host}:{port}", epoch, state, server, ticker, journal)
+    log.info(
+        "event=master_started epoch=%s address=%s restored_objects=%d metrics=%s",
+        epoch, server.address, restored, server.metrics_address or "-",
+    )  # fmt: skip
+    return MasterHandle(server.address, epoch, state, server, ticker, journal)
 
 
 async def _tick_forever(state: MasterState, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         dead, reclaimed, evicted = state.tick()
-        if dead or reclaimed or evicted:
-            log.info("tick: dead nodes %s, reclaimed %d puts, evicted %d", dead, reclaimed, evicted)
+        for node_id in dead:
+            log.warning("event=node_dead node=%s reason=heartbeat_timeout", node_id)
+        if reclaimed:
+            log.info("event=objects_dropped count=%d reason=writer_timeout", reclaimed)
+        if evicted:
+            log.info("event=objects_dropped count=%d reason=watermark_eviction", evicted)
 
 
-def run_master(listen: str, db_path: str | None = None, **overrides: float) -> None:
+def run_master(
+    listen: str, db_path: str | None = None, *, metrics_listen: str | None = None,
+    config: MasterConfig | None = None, **overrides: float,
+) -> None:  # fmt: skip
     """Blocking entry point (for `kvstore master`): serve until SIGINT or SIGTERM (signal
-    handlers need the main thread; elsewhere, until KeyboardInterrupt), then stop cleanly."""
-    config = replace(MasterConfig(listen=listen, db_path=db_path), **overrides)
+    handlers need the main thread; elsewhere, until KeyboardInterrupt), then stop cleanly.
+    `config` (e.g. from a TOML file, see kvstore.config) replaces listen/db/overrides."""
+    if config is None:
+        config = replace(MasterConfig(listen=listen, db_path=db_path), **overrides)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -99,8 +112,12 @@ def run_master(listen: str, db_path: str | None = None, **overrides: float) -> N
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        handle = await serve(config)
-        print(f"kvstore master listening on {handle.address} epoch {handle.epoch}", flush=True)
+        handle = await serve(config, metrics_listen)
+        metrics = f" metrics {handle.metrics_address}" if handle.metrics_address else ""
+        print(
+            f"kvstore master listening on {handle.address} epoch {handle.epoch}{metrics}",
+            flush=True,
+        )
         try:
             await stop.wait()
         finally:

@@ -6,34 +6,22 @@ No policy lives here. Errors of a whole call abort with the status chosen in
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
+from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.master import leases, queries, wire
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
 from kvstore.rpc_errors import translate
-from kvstore.types import Location, ObjectKey, Tier
+from kvstore.types import ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 Ctx = grpc.aio.ServicerContext
-
-
-def to_pb_location(loc: Location) -> common_pb2.Location:
-    return common_pb2.Location(
-        node_id=loc.node_id, tier=int(loc.tier), segment=loc.segment,
-        offset=loc.offset, length=loc.length,
-    )  # fmt: skip
-
-
-_TIERS = {int(t): t for t in Tier}
-
-
-def from_pb_location(pb: common_pb2.Location) -> Location:
-    tier = _TIERS.get(pb.tier)
-    if tier is None:
-        tier = Tier(pb.tier)  # raises ValueError on an unknown tier
-    return Location(pb.node_id, tier, pb.segment, pb.offset, pb.length)
+log = logging.getLogger("kvstore.master")
+__all__ = ["MasterServicer", "from_pb_location", "stats_to_pb", "to_pb_location"]
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -57,6 +45,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             request.node_id,
             Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata),
         )
+        log.info(
+            "event=node_registered node=%s tcp=%s rpc=%s", request.node_id, ep.tcp_address,
+            ep.rpc_address or "-",
+        )  # fmt: skip
         cfg = self.state.config
         return master_pb2.RegisterNodeResponse(
             master_epoch=self.epoch,
@@ -81,6 +73,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             request.node_id, request.segment, Tier(request.tier), request.capacity,
             request.alignment, request.shm,
         )  # fmt: skip
+        log.info(
+            "event=segment_mounted node=%s segment=%s tier=%s capacity=%d", request.node_id,
+            request.segment, Tier(request.tier).name, request.capacity,
+        )  # fmt: skip
         return master_pb2.MountSegmentResponse()
 
     @translate
@@ -88,6 +84,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.UnmountSegmentRequest, context: Ctx
     ) -> master_pb2.UnmountSegmentResponse:
         dropped, removed = self.state.unmount_segment(request.node_id, request.segment)
+        log.info(
+            "event=segment_unmounted node=%s segment=%s dropped_replicas=%d", request.node_id,
+            request.segment, dropped,
+        )  # fmt: skip
+        if removed:
+            log.info("event=objects_dropped count=%d reason=segment_unmounted", removed)
         return master_pb2.UnmountSegmentResponse(dropped_replicas=dropped, removed_objects=removed)
 
     @translate

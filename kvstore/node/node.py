@@ -18,8 +18,8 @@ from types import FrameType
 
 import grpc
 
+from kvstore.edge import sync_channel
 from kvstore.errors import KVStoreError, TransferError
-from kvstore.master.server import grpc_options
 from kvstore.node.config import NodeConfig
 from kvstore.node.membership import Membership, MountSpec
 from kvstore.node.segments import LocalSegment, create_dram, create_ssd
@@ -35,9 +35,7 @@ log = logging.getLogger(__name__)
 
 def master_channel(master: str, credentials: object | None = None) -> grpc.Channel:
     """A sync channel to the master: secure with `credentials`, else insecure."""
-    if credentials is not None:
-        return grpc.secure_channel(master, credentials, options=grpc_options())  # type: ignore[arg-type]
-    return grpc.insecure_channel(master, options=grpc_options())
+    return sync_channel(master, credentials)
 
 
 class StorageNode:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import grpc
 
-from kvstore.master.server import grpc_options
+from kvstore.edge import channel_options as grpc_options
 from kvstore.serving_bench.metrics import RequestRecord
 from kvstore.serving_bench.workload import Arrival
 from kvstore.v1 import serving_pb2, serving_pb2_grpc

@@ -1,0 +1,206 @@
+"""Prometheus metrics of kvstore services (prometheus-client), one registry per server.
+
+    endpoint = MetricsEndpoint.start("127.0.0.1:0", [RpcMetrics("master"), collector])
+    endpoint.address          # GET http://ADDRESS/metrics; endpoint.close()
+
+What is exported:
+
+- every gRPC server (kvstore.edge): `kvstore_rpc_seconds{component,method,code}`;
+- the master (`MasterCollector`): per node, tier and segment `kvstore_tier_capacity_bytes`,
+  `_used_bytes`, `_objects`, `_hits_total`, `_evictions_total`, `_bytes_in_total`,
+  `_bytes_out_total`, and whatever per-tier counters the master's Stats carries
+  (offloads, promotions, corrupt replicas: read with a default of 0, so an older master
+  exports zeros); pool totals `kvstore_pool_*`; nodes alive and heartbeat ages;
+- serving nodes and the conductor (`ServingMetrics`): TTFT and TBT histograms, queue depth.
+
+A collector runs on the HTTP server's thread; the master's state belongs to its asyncio
+loop, so `MasterCollector` reads a snapshot computed on that loop (`on_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from kvstore.errors import BadRequestError, UnavailableError
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Per-segment counters a master's Stats may carry; absent ones export as 0.
+SEGMENT_COUNTERS = (
+    "hits", "evictions", "bytes_in", "bytes_out", "offloads", "promotions", "corrupt_replicas",
+)  # fmt: skip
+POOL_COUNTERS = (
+    "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas",
+    "offloads", "promotions", "corrupt_replicas",
+)  # fmt: skip
+
+
+class RpcMetrics:
+    """RPC latency histogram of one server (a Collector: register it in a registry)."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.seconds = Histogram(
+            "kvstore_rpc_seconds", "gRPC call latency on the server", ["component", "method",
+            "code"], buckets=LATENCY_BUCKETS, registry=None,
+        )  # fmt: skip
+
+    def observe(self, method: str, seconds: float, context: Any = None) -> None:
+        self.seconds.labels(self.component, method, _code_name(context)).observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.seconds.collect()
+
+
+def _code_name(context: Any) -> str:
+    try:
+        code = context.code() if context is not None else None
+    except Exception:  # an aio context before a status is set, or an older grpcio
+        code = None
+    if code is None:
+        return "OK"
+    return getattr(code, "name", str(code))
+
+
+class ServingMetrics:
+    """TTFT / TBT histograms and queue depths of a serving node or the conductor."""
+
+    def __init__(self, component: str, queue_depth: Callable[[], dict[str, int]] | None = None):
+        self.component = component
+        self.queue_depth = queue_depth
+        labels = ["component"]
+        self.ttft = Histogram(
+            "kvstore_ttft_seconds", "time to first token", labels, buckets=TOKEN_BUCKETS,
+            registry=None,
+        )  # fmt: skip
+        self.tbt = Histogram(
+            "kvstore_tbt_seconds", "time between tokens", labels, buckets=LATENCY_BUCKETS,
+            registry=None,
+        )  # fmt: skip
+
+    def observe_request(self, ttft_s: float, token_times_s: Sequence[float]) -> None:
+        """One finished request: its TTFT and the gaps between its tokens."""
+        if ttft_s >= 0:
+            self.ttft.labels(self.component).observe(ttft_s)
+        for a, b in itertools.pairwise(token_times_s):
+            self.tbt.labels(self.component).observe(max(0.0, b - a))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.ttft.collect()
+        yield from self.tbt.collect()
+        if self.queue_depth is not None:
+            g = GaugeMetricFamily("kvstore_queue_depth", "requests waiting", labels=["queue"])
+            for name, depth in sorted(self.queue_depth().items()):
+                g.add_metric([name], depth)
+            yield g
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
+    """Run `fn` on `loop` from another thread and return its result."""
+
+    async def call() -> Any:
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout_s)
+
+
+class MasterCollector:
+    """The master's Stats as Prometheus metrics; `snapshot` returns a `queries.MasterStats`."""
+
+    def __init__(self, snapshot: Callable[[], Any]) -> None:
+        self.snapshot = snapshot
+
+    @classmethod
+    def for_state(cls, state: Any, loop: asyncio.AbstractEventLoop) -> MasterCollector:
+        from kvstore.master import queries
+
+        return cls(lambda: on_loop(loop, lambda: (queries.stats(state), state.clock())))
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            stats, now = self.snapshot()
+        except Exception:  # the loop is stopping: export nothing rather than fail the scrape
+            return
+        yield from _segment_metrics(stats.segments)
+        yield from _pool_metrics(stats)
+        ages = GaugeMetricFamily(
+            "kvstore_node_heartbeat_age_seconds", "since a node's last heartbeat", labels=["node"]
+        )
+        for n in stats.nodes:
+            ages.add_metric([n.node_id], max(0.0, now - n.last_heartbeat))
+        yield ages
+        yield GaugeMetricFamily("kvstore_nodes", "nodes alive", value=len(stats.nodes))
+
+
+_SEG_LABELS = ["node", "tier", "segment"]
+
+
+def _segment_metrics(segments: Sequence[Any]) -> Iterator[Metric]:
+    gauges = {
+        name: GaugeMetricFamily(f"kvstore_tier_{name}", help_, labels=_SEG_LABELS)
+        for name, help_ in (
+            ("capacity_bytes", "bytes lent to the pool"),
+            ("used_bytes", "bytes allocated"),
+            ("objects", "committed objects with a replica here"),
+        )
+    }
+    counters = {
+        name: CounterMetricFamily(f"kvstore_tier_{name}", f"{name} since mount", labels=_SEG_LABELS)
+        for name in SEGMENT_COUNTERS
+    }
+    for s in segments:
+        labels = [s.node_id, s.tier.name, s.name]
+        gauges["capacity_bytes"].add_metric(labels, s.capacity)
+        gauges["used_bytes"].add_metric(labels, s.used)
+        gauges["objects"].add_metric(labels, s.objects)
+        for name, family in counters.items():
+            family.add_metric(labels, getattr(s.counters, name, 0))
+    yield from gauges.values()
+    yield from counters.values()
+
+
+def _pool_metrics(stats: Any) -> Iterator[Metric]:
+    yield GaugeMetricFamily("kvstore_pool_capacity_bytes", "pool capacity", value=stats.capacity)
+    yield GaugeMetricFamily("kvstore_pool_used_bytes", "pool bytes used", value=stats.used)
+    yield GaugeMetricFamily("kvstore_pool_objects", "objects known", value=stats.objects)
+    yield GaugeMetricFamily("kvstore_pool_writing", "puts in flight", value=stats.writing)
+    for name in POOL_COUNTERS:
+        value = getattr(stats.counters, name, 0)
+        yield CounterMetricFamily(f"kvstore_pool_{name}", f"pool {name}", value=value)
+
+
+class MetricsEndpoint:
+    """An HTTP /metrics server on its own thread with its own registry."""
+
+    def __init__(self, server: Any, thread: threading.Thread, registry: CollectorRegistry):
+        self.server = server
+        self.thread = thread
+        self.registry = registry
+        host, port = server.server_address[:2]
+        self.address = f"{host}:{port}"
+
+    @classmethod
+    def start(cls, listen: str, collectors: Sequence[Any]) -> MetricsEndpoint:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise BadRequestError(f"bad metrics address {listen!r}, want HOST:PORT")
+        registry = CollectorRegistry(auto_describe=False)
+        for c in collectors:
+            registry.register(c)
+        try:
+            server, thread = start_http_server(int(port), host.strip("[]"), registry=registry)
+        except OSError as exc:
+            raise UnavailableError(f"cannot serve /metrics on {listen!r}: {exc}") from None
+        return cls(server, thread, registry)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
