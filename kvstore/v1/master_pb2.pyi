@@ -173,16 +173,18 @@ class PutRevokeResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
 
 class BatchLookupRequest(_message.Message):
-    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms", "no_lease")
+    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms", "no_lease", "client_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     NO_LEASE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     lease_ttl_ms: int
     pin_ttl_ms: int
     no_lease: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ...) -> None: ...
+    client_id: str
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class LookupResult(_message.Message):
     __slots__ = ("status", "size", "replicas", "group", "checksum")
@@ -233,12 +235,14 @@ class MatchPrefixResponse(_message.Message):
     def __init__(self, pool_length: _Optional[int] = ..., matches: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("keys", "force")
+    __slots__ = ("keys", "force", "client_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     force: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ...) -> None: ...
+    client_id: str
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("results",)
@@ -477,3 +481,97 @@ class ReportCorruptResponse(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     dropped: int
     def __init__(self, dropped: _Optional[int] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("keys", "prefix", "tier", "watermark", "force", "dry_run")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    prefix: str
+    tier: _common_pb2.Tier
+    watermark: float
+    force: bool
+    dry_run: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., watermark: _Optional[float] = ..., force: bool = ..., dry_run: bool = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("evicted", "freed_bytes", "skipped", "missing", "keys")
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    evicted: int
+    freed_bytes: int
+    skipped: int
+    missing: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, evicted: _Optional[int] = ..., freed_bytes: _Optional[int] = ..., skipped: _Optional[int] = ..., missing: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PinRequest(_message.Message):
+    __slots__ = ("keys", "ttl_ms")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    ttl_ms: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class PinResponse(_message.Message):
+    __slots__ = ("results", "ttl_ms")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    ttl_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class UnpinRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UnpinResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("object", "age_ms", "hits", "writer", "group_members", "lease_holder")
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    object: ObjectInfo
+    age_ms: int
+    hits: int
+    writer: str
+    group_members: int
+    lease_holder: str
+    def __init__(self, object: _Optional[_Union[ObjectInfo, _Mapping]] = ..., age_ms: _Optional[int] = ..., hits: _Optional[int] = ..., writer: _Optional[str] = ..., group_members: _Optional[int] = ..., lease_holder: _Optional[str] = ...) -> None: ...
+
+class CordonRequest(_message.Message):
+    __slots__ = ("node_id", "cordon")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CORDON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    cordon: bool
+    def __init__(self, node_id: _Optional[str] = ..., cordon: bool = ...) -> None: ...
+
+class CordonResponse(_message.Message):
+    __slots__ = ("cordoned",)
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    cordoned: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cordoned: _Optional[_Iterable[str]] = ...) -> None: ...

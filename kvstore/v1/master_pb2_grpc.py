@@ -109,6 +109,31 @@ class MasterStub(object):
                 request_serializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.FromString,
                 _registered_method=True)
+        self.Evict = channel.unary_unary(
+                '/kvstore.v1.Master/Evict',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.EvictRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.EvictResponse.FromString,
+                _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/kvstore.v1.Master/Pin',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.PinRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.PinResponse.FromString,
+                _registered_method=True)
+        self.Unpin = channel.unary_unary(
+                '/kvstore.v1.Master/Unpin',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.UnpinRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.UnpinResponse.FromString,
+                _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/kvstore.v1.Master/Inspect',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.InspectRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.InspectResponse.FromString,
+                _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/kvstore.v1.Master/Cordon',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.CordonRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.CordonResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer(object):
@@ -212,6 +237,37 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evict(self, request, context):
+        """Admin (kvstore.master.admin): evict, pin, inspect, cordon a node before draining it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unpin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Inspect(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -289,6 +345,31 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportCorrupt,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.SerializeToString,
+            ),
+            'Evict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evict,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.EvictRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.EvictResponse.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.PinRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.PinResponse.SerializeToString,
+            ),
+            'Unpin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unpin,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.UnpinRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.UnpinResponse.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.InspectRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.InspectResponse.SerializeToString,
+            ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.CordonRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.CordonResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -696,6 +777,141 @@ class Master(object):
             '/kvstore.v1.Master/ReportCorrupt',
             kvstore_dot_v1_dot_master__pb2.ReportCorruptRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.ReportCorruptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Evict',
+            kvstore_dot_v1_dot_master__pb2.EvictRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.EvictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Pin',
+            kvstore_dot_v1_dot_master__pb2.PinRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.PinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unpin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Unpin',
+            kvstore_dot_v1_dot_master__pb2.UnpinRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.UnpinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Inspect',
+            kvstore_dot_v1_dot_master__pb2.InspectRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.InspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Cordon',
+            kvstore_dot_v1_dot_master__pb2.CordonRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.CordonResponse.FromString,
             options,
             channel_credentials,
             insecure,
