@@ -30,7 +30,9 @@ def lookup_op(
 ) -> Op[list[master_pb2.LookupResult]]:
     """One BatchLookup; a LookupResult per key. `lease_ms` 0 = a pure query (no lease)."""
     if lease_ms:
-        request = master_pb2.BatchLookupRequest(keys=keys, lease_ttl_ms=lease_ms)
+        request = master_pb2.BatchLookupRequest(
+            keys=keys, lease_ttl_ms=lease_ms, client_id=ctx.config.id
+        )
     else:
         request = master_pb2.BatchLookupRequest(keys=keys, no_lease=True)
     reply = yield Rpc("BatchLookup", request)

@@ -30,6 +30,7 @@ class NodeRegistry:
         self._factory = allocator_factory
         self.nodes: dict[str, NodeInfo] = {}
         self.segments: dict[tuple[str, str], Segment] = {}
+        self.cordoned: set[str] = set()  # nodes being drained: no new replica goes there
 
     def register(self, node_id: str, endpoint: Endpoint, now: float) -> NodeInfo:
         """Add a node, or refresh the endpoint and heartbeat of a known one."""
@@ -99,7 +100,10 @@ class NodeRegistry:
         self.nodes.pop(node_id, None)
 
     def live_segments(self) -> Iterator[Segment]:
-        return iter(self.segments.values())
+        """Segments new replicas may use: those of cordoned (draining) nodes are left out."""
+        if not self.cordoned:
+            return iter(self.segments.values())
+        return (s for s in self.segments.values() if s.node_id not in self.cordoned)
 
     def capacity(self) -> int:
         return sum(s.capacity for s in self.segments.values())

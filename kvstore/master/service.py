@@ -7,12 +7,15 @@ No policy lives here. Errors of a whole call abort with the status chosen in
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import grpc
 
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.master import leases, queries, wire
+from kvstore.master.admin import ReaderBook, removable_by_reader
+from kvstore.master.admin_rpc import AdminRpcs
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
 from kvstore.rpc_errors import translate
@@ -24,13 +27,14 @@ log = logging.getLogger("kvstore.master")
 __all__ = ["MasterServicer", "from_pb_location", "stats_to_pb", "to_pb_location"]
 
 
-class MasterServicer(master_pb2_grpc.MasterServicer):
+class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     """Thin adapter over one `MasterState`; the epoch changes per master start."""
 
     def __init__(self, state: MasterState, epoch: str) -> None:
         self.state = state
         self.epoch = epoch
         self.locations = wire.LocationEncoder()
+        self.readers = ReaderBook()  # who holds each live read lease (own-lease removes)
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -142,6 +146,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             found, ttl = self.state.lookup(
                 request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
             )
+            self._record_readers(request.keys, found, request.client_id, ttl)
         enc = self.locations
         parts = [wire.field(b"\x0a", _lookup_wire(r, enc)) for r in found]
         parts.append(
@@ -167,8 +172,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RemoveRequest, context: Ctx
     ) -> master_pb2.RemoveResponse:
         self._check_batch(len(request.keys))
-        res = self.state.remove(request.keys, request.force)
+        own = set()
+        if request.client_id and not request.force:
+            own = removable_by_reader(self.state, self.readers, request.keys, request.client_id)
+        if own:  # the caller's own lease does not block its own remove
+            res = [self.state.remove([k], k in own)[0] for k in request.keys]
+        else:
+            res = self.state.remove(request.keys, request.force)
         return master_pb2.RemoveResponse.FromString(wire.statuses_payload(res))
+
+    def _record_readers(
+        self, keys: Sequence[str], found: Sequence[object], reader: str, ttl: float
+    ) -> None:
+        now = self.state.clock()
+        record = self.readers.record
+        for key, r in zip(keys, found, strict=True):
+            if isinstance(r, ObjectMeta):
+                record(key, reader, now, now + ttl)
 
     @translate
     async def Stats(
