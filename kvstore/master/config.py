@@ -11,8 +11,13 @@ from kvstore.errors import BadRequestError
 class MasterConfig:
     """Every knob of the master. Durations are seconds of the master's monotonic clock.
 
-    `high_watermark`/`low_watermark` are fractions of the pool's mounted capacity:
-    above high, eviction runs until usage is at most low.
+    `high_watermark`/`low_watermark` are fractions of each segment's capacity, per
+    tier (`tier_watermarks` overrides them for a tier: ((tier, high, low), ...)):
+    above high, the coldest evictable objects of the segment move to the next slower
+    tier of the same node (offload) or, where there is none or it is full, leave
+    the segment (eviction), until usage is at most low. An object read from a
+    slower tier `promote_after` times gets a replica in its node's faster tier
+    again (0 = never). Moves run on the nodes, `move_bytes_per_s` at most.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -30,6 +35,13 @@ class MasterConfig:
     tick_interval_s: float = 0.5
     max_message_bytes: int = 64 << 20
     db_path: str | None = None
+    tier_watermarks: tuple[tuple[int, float, float], ...] = ()
+    offload: bool = True
+    promote_after: int = 2
+    move_bytes_per_s: int = 1 << 30  # background tier moves, all nodes together; 0 = no cap
+    max_moves_in_flight: int = 256
+    persist_timeout_s: float = 10.0  # PutEnd waits this long for SSD replicas to be indexed
+    rebalance_scan: int = 512  # LRU groups examined per segment per rebalance pass
 
     def __post_init__(self) -> None:
         positive = {
@@ -54,5 +66,23 @@ class MasterConfig:
             raise BadRequestError("default_lease_ttl_s exceeds max_lease_ttl_s")
         if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
             raise BadRequestError("need 0 < low_watermark <= high_watermark <= 1")
+        for entry in self.tier_watermarks:
+            if len(entry) != 3 or entry[0] not in (0, 1, 2):
+                raise BadRequestError(f"tier_watermarks entry {entry!r}: want (tier, high, low)")
+            if not 0.0 < entry[2] <= entry[1] <= 1.0:
+                raise BadRequestError(f"tier_watermarks {entry!r}: need 0 < low <= high <= 1")
+        if self.promote_after < 0 or self.move_bytes_per_s < 0:
+            raise BadRequestError("promote_after and move_bytes_per_s must be >= 0")
+        if self.max_moves_in_flight <= 0 or self.persist_timeout_s <= 0:
+            raise BadRequestError("max_moves_in_flight and persist_timeout_s must be > 0")
+        if self.rebalance_scan <= 0:
+            raise BadRequestError("rebalance_scan must be > 0")
         if self.default_alignment & (self.default_alignment - 1):
             raise BadRequestError("default_alignment must be a power of two")
+
+    def watermarks(self, tier: int) -> tuple[float, float]:
+        """(high, low) fractions of a segment of `tier`."""
+        for t, high, low in self.tier_watermarks:
+            if t == tier:
+                return high, low
+        return self.high_watermark, self.low_watermark

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from itertools import islice
 
 from kvstore.master.model import ObjectMeta, ObjectState
 
@@ -49,6 +50,10 @@ class GroupIndex:
     def oldest_first(self) -> list[str]:
         """A snapshot of group names, least recently used first."""
         return list(self._lru)
+
+    def oldest(self, limit: int) -> list[str]:
+        """The `limit` least recently used group names (a snapshot: O(limit), not O(n))."""
+        return list(islice(self._lru, limit))
 
     def check_integrity(self, objects: Mapping[str, ObjectMeta]) -> None:
         assert set(self._members) == set(self._lru), "LRU and membership disagree"

@@ -97,6 +97,8 @@ class RocksJournal:
     def save_object(self, obj: ObjectMeta) -> None:
         reps = [[r.node_id, int(r.tier), r.segment, r.offset, r.length] for r in obj.replicas]
         rec = {"key": obj.key, "size": obj.size, "group": obj.group, "replicas": reps}
+        if obj.checksum:
+            rec["checksum"] = obj.checksum
         self._put(_OBJ + obj.key.encode(), rec)
 
     def drop_object(self, key: str) -> None:

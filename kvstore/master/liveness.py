@@ -32,11 +32,13 @@ class NodeRegistry:
         self.segments: dict[tuple[str, str], Segment] = {}
         self.cordoned: set[str] = set()  # nodes being drained: no new replica goes there
 
-    def register(self, node_id: str, endpoint: Endpoint, now: float) -> NodeInfo:
+    def register(
+        self, node_id: str, endpoint: Endpoint, now: float, incarnation: str = ""
+    ) -> NodeInfo:
         """Add a node, or refresh the endpoint and heartbeat of a known one."""
         if not node_id or len(node_id) > 256:
             raise BadRequestError("node_id must be 1..256 characters")
-        node = NodeInfo(node_id, endpoint, now)
+        node = NodeInfo(node_id, endpoint, now, incarnation)
         self.nodes[node_id] = node
         return node
 

@@ -13,7 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvstore.errors import ExistsError, KVStoreError, NoSpaceError, NotFoundError, NotReadyError
+from kvstore.errors import (
+    BadRequestError,
+    ExistsError,
+    KVStoreError,
+    NoSpaceError,
+    NotFoundError,
+    NotReadyError,
+)
 from kvstore.master import leases
 from kvstore.master.config import MasterConfig
 from kvstore.master.eviction import GroupIndex, evictable_groups
@@ -28,6 +35,7 @@ from kvstore.master.model import (
     Segment,
 )
 from kvstore.master.placement import place
+from kvstore.master.tiering import MoveResult, Tiering
 from kvstore.types import Location, Tier
 
 Clock = Callable[[], float]
@@ -52,11 +60,17 @@ class MasterState:
         self.writing: dict[str, float] = {}  # key -> started_at, oldest first
         self.counters = Counters()
         self.journal: MetaJournal = journal or NullJournal()
+        self.tiering = Tiering(self)
 
     # ---- nodes and segments -------------------------------------------------
 
-    def register_node(self, node_id: str, endpoint: Endpoint) -> None:
-        node = self.registry.register(node_id, endpoint, self.clock())
+    def register_node(self, node_id: str, endpoint: Endpoint, incarnation: str = "") -> None:
+        """Register (or re-register) a node. A new `incarnation` of a known node is a
+        restarted process: the moves its predecessor had in flight are void."""
+        old = self.registry.nodes.get(node_id)
+        if old is not None and old.incarnation and old.incarnation != incarnation:
+            self.tiering.on_restart(node_id)
+        node = self.registry.register(node_id, endpoint, self.clock(), incarnation)
         self.journal.save_node(node)
 
     def heartbeat(self, node_id: str) -> None:
@@ -75,6 +89,8 @@ class MasterState:
 
     def unmount_segment(self, node_id: str, name: str) -> tuple[int, int]:
         """Unmount; drop every replica in it. Returns (dropped replicas, removed objects)."""
+        self.registry.segment(node_id, name)
+        self.tiering.on_unmount(node_id, name)
         seg = self.registry.unmount(node_id, name)
         self.journal.drop_segment(node_id, name)
         dropped = removed = 0
@@ -154,12 +170,36 @@ class MasterState:
             r.tier == tier for key in self.groups.members(group) for r in self.objects[key].replicas
         )
 
-    def put_end(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
+    def put_end(
+        self, client_id: str, keys: Sequence[str], checksums: Sequence[int] = ()
+    ) -> list[KeyError_]:
         """Commit: the keys become visible to lookups. Committing twice is OK."""
-        now = self.clock()
-        return [self._end_one(client_id, key, now) for key in keys]
+        return self.put_end_durable(client_id, keys, checksums)[0]
 
-    def _end_one(self, client_id: str, key: str, now: float) -> KeyError_:
+    def put_end_durable(
+        self, client_id: str, keys: Sequence[str], checksums: Sequence[int] = ()
+    ) -> tuple[list[KeyError_], dict[int, list[int]]]:
+        """`put_end`, plus (index -> PERSIST task ids) of the keys with durable replicas:
+        the caller answers once the nodes have indexed them."""
+        if checksums and len(checksums) != len(keys):
+            raise BadRequestError(f"{len(checksums)} checksums for {len(keys)} keys")
+        now = self.clock()
+        results: list[KeyError_] = []
+        waits: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            res = self._end_one(client_id, key, now, checksums[i] if checksums else 0)
+            if isinstance(res, ObjectMeta):  # committed by this call
+                ids = self.tiering.persist(res)
+                if ids:
+                    waits[i] = ids
+                res = None
+            results.append(res)
+        return results, waits
+
+    def _end_one(
+        self, client_id: str, key: str, now: float, checksum: int = 0
+    ) -> KeyError_ | ObjectMeta:
+        """The key's error, None if it was already committed, or the object it commits."""
         obj = self.objects.get(key)
         if obj is None:
             return NotFoundError(f"no put in progress for {key!r} (revoked or timed out?)")
@@ -168,13 +208,14 @@ class MasterState:
         if obj.state is ObjectState.COMPLETE:
             return None
         obj.state = ObjectState.COMPLETE
+        obj.checksum = checksum
         del self.writing[key]
         for loc in obj.replicas:
             self.registry.segment(loc.node_id, loc.segment).counters.bytes_in += obj.size
         leases.extend_pin(obj, now, obj.pin_ttl_s)
         self.groups.touch(obj.group)
         self.journal.save_object(obj)
-        return None
+        return obj
 
     def put_revoke(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
         """Abort puts in progress and free their space."""
@@ -219,6 +260,7 @@ class MasterState:
         leases.extend_lease(obj, now, ttl)
         leases.extend_pin(obj, now, pin)
         self.groups.touch(obj.group)
+        self.tiering.on_hit(obj)
         return obj
 
     def peek(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
@@ -255,6 +297,7 @@ class MasterState:
         """Periodic duties: (dead nodes dropped, stale puts reclaimed, objects evicted)."""
         dead = self.expire_nodes()
         reclaimed = self.reclaim_stale_puts()
+        self.tiering.drop_deferred()
         evicted = self.evict_to_watermark()
         return dead, reclaimed, evicted
 
@@ -282,18 +325,81 @@ class MasterState:
         return len(stale)
 
     def evict_to_watermark(self) -> int:
-        """Above the high watermark, evict LRU groups until usage is at most the low one."""
-        capacity = self.registry.capacity()
-        used = self.registry.used()
-        if not capacity or used <= self.config.high_watermark * capacity:
-            return 0
-        target = self.config.low_watermark * capacity
-        evicted = 0
-        for group in evictable_groups(self.groups, self.objects, self.clock()):
-            evicted += self._evict_group(group)
-            if self.registry.used() <= target:
-                break
-        return evicted
+        """Every segment past its tier's high watermark is brought down to the low one:
+        its coldest evictable objects move to a slower tier of the same node, or leave
+        (see kvstore.master.tiering). Returns the objects evicted from the pool."""
+        return self.tiering.rebalance()
+
+    # ---- tiers: replicas coming and going -----------------------------------
+
+    def complete_moves(self, node_id: str, results: Sequence[MoveResult]) -> list[MoveResult]:
+        """Apply a node's task results (see kvstore.master.tiering)."""
+        return self.tiering.complete(node_id, results)
+
+    def add_replica(self, obj: ObjectMeta, loc: Location) -> None:
+        """List a new replica (fastest tier first) of a COMPLETE object."""
+        obj.replicas.append(loc)
+        obj.replicas.sort(key=lambda r: int(r.tier))
+        obj.wire = None
+        self.registry.segment(loc.node_id, loc.segment).keys.add(obj.key)
+        self.journal.save_object(obj)
+
+    def drop_replica(self, obj: ObjectMeta, loc: Location, evicted: bool = False) -> None:
+        """Drop one replica (the object goes with its last one)."""
+        if len(obj.replicas) == 1:
+            if evicted:
+                self.evict_object(obj)
+            else:
+                self._drop(obj)
+            return
+        obj.replicas = [r for r in obj.replicas if r is not loc]
+        obj.wire = None
+        seg = self.registry.segments.get((loc.node_id, loc.segment))
+        if seg is not None:
+            seg.release(loc.offset)
+            seg.keys.discard(obj.key)
+            if evicted:
+                seg.counters.evictions += 1
+        self.tiering.forget(obj.key, loc)
+        self.journal.save_object(obj)
+
+    def evict_object(self, obj: ObjectMeta) -> None:
+        """Evict one object from the pool (counted as an eviction)."""
+        for loc in obj.replicas:
+            self.registry.segment(loc.node_id, loc.segment).counters.evictions += 1
+        self._drop(obj)
+        self.counters.evictions += 1
+
+    def drop_corrupt(self, obj: ObjectMeta, loc: Location) -> None:
+        """A replica failed its checksum: never serve it again."""
+        seg = self.registry.segments.get((loc.node_id, loc.segment))
+        if seg is not None:
+            seg.counters.corrupt += 1
+        self.counters.corrupt_replicas += 1
+        self.drop_replica(obj, loc)
+
+    def report_corrupt(self, pairs: Sequence[tuple[str, Location]]) -> int:
+        """Readers say these replicas failed their checksum; replicas dropped."""
+        dropped = 0
+        for key, loc in pairs:
+            obj = self.objects.get(key)
+            if obj is None or obj.state is not ObjectState.COMPLETE:
+                continue
+            for r in obj.replicas:
+                if (r.node_id, r.segment, r.offset) == (loc.node_id, loc.segment, loc.offset):
+                    self.drop_corrupt(obj, r)
+                    dropped += 1
+                    break
+        return dropped
+
+    def announce(
+        self, node_id: str, name: str, found: Sequence[tuple[str, int, int, int]], complete: bool
+    ) -> tuple[int, int, int, list[str]]:
+        """A node lists the objects (key, offset, length, checksum) its durable segment
+        holds: (adopted, known, dropped, refused keys the node must forget)."""
+        from kvstore.master.announce import adopt
+
+        return adopt(self, node_id, name, found, complete)
 
     # ---- internals ----------------------------------------------------------
 
@@ -316,11 +422,13 @@ class MasterState:
 
     def _drop(self, obj: ObjectMeta) -> None:
         """Forget `obj` and free the space of its replicas on mounted segments."""
+        self.tiering.on_drop(obj)
         for loc in obj.replicas:
             seg = self.registry.segments.get((loc.node_id, loc.segment))
             if seg is not None:
                 seg.release(loc.offset)
                 seg.keys.discard(obj.key)
+                self.tiering.forget(obj.key, loc)
         del self.objects[obj.key]
         self.writing.pop(obj.key, None)
         self.groups.discard(obj.group, obj.key)
@@ -346,6 +454,18 @@ class MasterState:
                 by_segment[(loc.node_id, loc.segment)].add(key)
         for k, seg in self.registry.segments.items():
             assert seg.keys == by_segment[k], f"segment {k} key index is stale"
+        held = {k: 0 for k in self.registry.segments}
+        for obj in self.objects.values():
+            for loc in obj.replicas:
+                held[(loc.node_id, loc.segment)] += seg_size(self.registry, loc)
+        for loc in self.tiering.reserved():
+            key = (loc.node_id, loc.segment)
+            if key in held:
+                assert self.registry.segments[key].allocator.size_of(loc.offset) >= loc.length
+                held[key] += seg_size(self.registry, loc)
+        for k, seg in self.registry.segments.items():
+            assert held[k] == seg.used, f"segment {k}: ranges hold {held[k]}, allocator {seg.used}"
+        self.tiering.check_integrity()
 
     def restore(self) -> int:
         """Reload nodes, segments and committed objects from the journal; objects loaded.
@@ -376,5 +496,11 @@ class MasterState:
             seg.allocator.allocate_at(loc.offset, loc.length)
             seg.keys.add(key)
         obj = ObjectMeta(key, size, group, ObjectState.COMPLETE, locs, "", now)
+        obj.checksum = rec.get("checksum", 0)
         self.objects[key] = obj
         self.groups.add(group, key)
+
+
+def seg_size(registry: NodeRegistry, loc: Location) -> int:
+    """Bytes the allocator holds for a range at `loc` (its length, aligned up)."""
+    return registry.segments[(loc.node_id, loc.segment)].allocator.size_of(loc.offset)

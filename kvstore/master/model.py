@@ -53,6 +53,7 @@ class NodeInfo:
     node_id: str
     endpoint: Endpoint
     last_heartbeat: float
+    incarnation: str = ""  # changes per node process start ("" = not told)
 
 
 @dataclass(slots=True)
@@ -68,6 +69,9 @@ class SegmentCounters:
     evictions: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    offloads_in: int = 0
+    promotions_in: int = 0
+    corrupt: int = 0
 
 
 @dataclass(slots=True)
@@ -113,6 +117,9 @@ class ObjectMeta:
     lease_until: float = 0.0
     pin_until: float = 0.0
     pin_ttl_s: float = 0.0
+    checksum: int = 0  # xxh3_64 of the bytes, recorded at PutEnd; 0 = unknown
+    slow_hits: int = 0  # reads served from a slower tier than its node's fastest (promotion)
+    moving: int = 0  # id of the tier move in flight for this object; 0 = none
     # Opaque cache for the service layer (its encoded lookup result); the core
     # resets it to None whenever `replicas` changes.
     wire: bytes | None = None
@@ -165,3 +172,9 @@ class Counters:
     reclaimed_puts: int = 0
     dead_nodes: int = 0
     dropped_replicas: int = 0
+    offloads: int = 0
+    promotions: int = 0
+    promotions_skipped: int = 0
+    corrupt_replicas: int = 0
+    adopted: int = 0
+    failed_moves: int = 0

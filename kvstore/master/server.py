@@ -76,7 +76,7 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
     except BaseException:
         journal.close()
         raise
-    ticker = asyncio.create_task(_tick_forever(state, config.tick_interval_s))
+    ticker = asyncio.create_task(_tick_forever(servicer, config.tick_interval_s))
     log.info(
         "event=master_started epoch=%s address=%s restored_objects=%d metrics=%s",
         epoch, server.address, restored, server.metrics_address or "-",
@@ -84,10 +84,13 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
     return MasterHandle(server.address, epoch, state, server, ticker, journal)
 
 
-async def _tick_forever(state: MasterState, interval_s: float) -> None:
+async def _tick_forever(servicer: MasterServicer, interval_s: float) -> None:
+    state = servicer.state
     while True:
         await asyncio.sleep(interval_s)
         dead, reclaimed, evicted = state.tick()
+        servicer.readers.prune(state.clock())
+        servicer.broker.wake()  # offloads queued by the watermark pass
         for node_id in dead:
             log.warning("event=node_dead node=%s reason=heartbeat_timeout", node_id)
         if reclaimed:

@@ -6,6 +6,7 @@ No policy lives here. Errors of a whole call abort with the status chosen in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -16,9 +17,11 @@ from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.master import leases, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
+from kvstore.master.broker import MoveBroker
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
-from kvstore.rpc_errors import translate
+from kvstore.master.tiering import Move, MoveResult
+from kvstore.rpc_errors import error_for, translate
 from kvstore.types import ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -35,6 +38,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self.epoch = epoch
         self.locations = wire.LocationEncoder()
         self.readers = ReaderBook()  # who holds each live read lease (own-lease removes)
+        self.broker = MoveBroker(state)  # tier moves handed to the nodes, paced
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -45,10 +49,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RegisterNodeRequest, context: Ctx
     ) -> master_pb2.RegisterNodeResponse:
         ep = request.endpoint
-        self.state.register_node(
-            request.node_id,
-            Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata),
-        )
+        self.state.register_node(request.node_id, endpoint_from_pb(ep), request.incarnation)
         log.info(
             "event=node_registered node=%s tcp=%s rpc=%s", request.node_id, ep.tcp_address,
             ep.rpc_address or "-",
@@ -117,6 +118,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             if obj is not None:
                 obj.wire = wire.lookup_result(obj.size, obj.group, locs)
 
+        self.broker.wake()  # placement may have pushed a tier past its watermark
         return wire.put_start_response(placed, self.locations, cache_lookup_wire)
 
     @translate
@@ -124,7 +126,16 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self, request: master_pb2.PutEndRequest, context: Ctx
     ) -> master_pb2.PutEndResponse:
         self._check_batch(len(request.keys))
-        res = self.state.put_end(request.client_id, request.keys)
+        res, waits = self.state.put_end_durable(
+            request.client_id, request.keys, list(request.checksums)
+        )
+        if waits:  # SSD replicas: answer once their nodes have indexed them
+            timeout = self.state.config.persist_timeout_s
+            errors = await asyncio.gather(
+                *(self.broker.wait_persisted(ids, timeout) for ids in waits.values())
+            )
+            for i, err in zip(waits, errors, strict=True):
+                res[i] = err
         return master_pb2.PutEndResponse.FromString(wire.statuses_payload(res))
 
     @translate
@@ -149,6 +160,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             self._record_readers(request.keys, found, request.client_id, ttl)
         enc = self.locations
         parts = [wire.field(b"\x0a", _lookup_wire(r, enc)) for r in found]
+        self.broker.wake()  # hits may have queued promotions
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
         )
@@ -208,6 +220,70 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         return master_pb2.ListObjectsResponse(objects=objs, next_page_token=token)
 
 
+    # ---- tiers ----------------------------------------------------------------
+
+    @translate
+    async def NodeTasks(
+        self, request: master_pb2.NodeTasksRequest, context: Ctx
+    ) -> master_pb2.NodeTasksResponse:
+        done = [
+            MoveResult(r.task_id, error_for(r.status.code, r.status.message), r.checksum)
+            for r in request.done
+        ]
+        limit = min(request.max_tasks or 64, 1024)
+        moves = await self.broker.poll(request.node_id, done, request.wait_ms / 1000, limit)
+        return master_pb2.NodeTasksResponse(tasks=[_task_pb(m) for m in moves])
+
+    @translate
+    async def AnnounceObjects(
+        self, request: master_pb2.AnnounceObjectsRequest, context: Ctx
+    ) -> master_pb2.AnnounceObjectsResponse:
+        self._check_batch(len(request.objects))
+        found = [(o.key, o.offset, o.length, o.checksum) for o in request.objects]
+        adopted, known, dropped, refused = self.state.announce(
+            request.node_id, request.segment, found, request.complete
+        )
+        log.info(
+            "event=objects_announced node=%s segment=%s adopted=%d known=%d dropped=%d "
+            "refused=%d", request.node_id, request.segment, adopted, known, dropped,
+            len(refused),
+        )  # fmt: skip
+        self.broker.wake()
+        return master_pb2.AnnounceObjectsResponse(
+            adopted=adopted, known=known, dropped=dropped, refused=refused
+        )
+
+    @translate
+    async def ReportCorrupt(
+        self, request: master_pb2.ReportCorruptRequest, context: Ctx
+    ) -> master_pb2.ReportCorruptResponse:
+        self._check_batch(len(request.keys))
+        if len(request.replicas) != len(request.keys):
+            raise BadRequestError("ReportCorrupt needs one replica per key")
+        pairs = [
+            (k, from_pb_location(r)) for k, r in zip(request.keys, request.replicas, strict=True)
+        ]
+        dropped = self.state.report_corrupt(pairs)
+        if dropped:
+            log.warning("event=corrupt_replicas_dropped count=%d", dropped)
+        self.broker.wake()
+        return master_pb2.ReportCorruptResponse(dropped=dropped)
+
+
+def endpoint_from_pb(ep: common_pb2.NodeEndpoint) -> Endpoint:
+    return Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata)
+
+
+def _task_pb(move: Move) -> master_pb2.NodeTask:
+    task = master_pb2.NodeTask(
+        task_id=move.task_id, kind=int(move.kind), key=move.key,
+        dst=to_pb_location(move.dst), checksum=move.checksum,
+    )  # fmt: skip
+    if move.src is not None:
+        task.src.CopyFrom(to_pb_location(move.src))
+    return task
+
+
 def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
     try:
         tier = Tier(pb.tier) if pb.HasField("tier") else None
@@ -227,6 +303,8 @@ def _lookup_wire(r: ObjectMeta | KVStoreError, enc: wire.LocationEncoder) -> byt
         return wire.field(b"\x0a", wire.status_bytes(r))
     if r.wire is None:
         r.wire = wire.lookup_result(r.size, r.group, [enc.encode(loc) for loc in r.replicas])
+    if r.checksum:  # field 5 (varint); the cached part stays valid across commits
+        return r.wire + b"\x28" + wire.varint(r.checksum)
     return r.wire
 
 
@@ -235,7 +313,8 @@ def _object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:
         key=o.key, size=o.size, state=int(o.state), group=o.group,
         replicas=[to_pb_location(loc) for loc in o.replicas],
         lease_ms_left=leases.ms_left(o.lease_until, now),
-        pin_ms_left=leases.ms_left(o.pin_until, now),
+        pin_ms_left=leases.ms_left(o.pin_until, now), checksum=o.checksum,
+        slow_hits=o.slow_hits,
     )  # fmt: skip
 
 
@@ -259,6 +338,9 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
             used=g.used, replicas=g.replicas, hits=g.counters.hits,
             evictions=g.counters.evictions, bytes_in=g.counters.bytes_in,
             bytes_out=g.counters.bytes_out, objects=g.objects, shm=g.shm,
+            offloads_in=g.counters.offloads_in, promotions_in=g.counters.promotions_in,
+            corrupt=g.counters.corrupt,
+            high_watermark_bytes=int(state.config.watermarks(int(g.tier))[0] * g.capacity),
         )
         for g in s.segments
     ]  # fmt: skip
@@ -268,5 +350,8 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
         capacity=s.capacity, used=s.used, hits=c.hits, misses=c.misses,
         evictions=c.evictions, reclaimed_puts=c.reclaimed_puts, dead_nodes=c.dead_nodes,
         dropped_replicas=c.dropped_replicas, master_epoch=epoch,
-        complete=s.objects - s.writing,
+        complete=s.objects - s.writing, offloads=c.offloads, promotions=c.promotions,
+        promotions_skipped=c.promotions_skipped, corrupt_replicas=c.corrupt_replicas,
+        moves_in_flight=state.tiering.moves_in_flight(), adopted=c.adopted,
+        failed_moves=c.failed_moves,
     )  # fmt: skip

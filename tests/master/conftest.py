@@ -28,18 +28,24 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make_state(clock: FakeClock, **overrides: float) -> MasterState:
-    cfg = MasterConfig(
-        node_ttl_s=10, heartbeat_interval_s=1, put_timeout_s=30, default_lease_ttl_s=5,
-        high_watermark=0.9, low_watermark=0.5, default_alignment=64, **overrides,
-    )  # fmt: skip
+def make_state(clock: FakeClock, **overrides: object) -> MasterState:
+    fields: dict[str, object] = {
+        "node_ttl_s": 10, "heartbeat_interval_s": 1, "put_timeout_s": 30,
+        "default_lease_ttl_s": 5, "high_watermark": 0.9, "low_watermark": 0.5,
+        "default_alignment": 64,
+    }  # fmt: skip
+    cfg = MasterConfig(**{**fields, **overrides})  # type: ignore[arg-type]
     return MasterState(cfg, clock=clock)
 
 
 @pytest.fixture
 def state(clock: FakeClock) -> MasterState:
     """Nodes a (DRAM 4096 + SSD 8192) and b (DRAM 2048), 64-byte alignment."""
-    st = make_state(clock)
+    return two_nodes(make_state(clock))
+
+
+def two_nodes(st: MasterState) -> MasterState:
+    """Mount the `state` fixture's pool on `st`."""
     for node in ("a", "b"):
         st.register_node(node, Endpoint(f"127.0.0.1:{9000 + ord(node)}", "host1"))
     st.mount_segment("a", "a-dram", Tier.DRAM, 4096)

@@ -9,7 +9,7 @@ from kvstore.master.metadata import MasterState
 from kvstore.master.model import ObjectMeta, PutItem
 from kvstore.types import Location, ObjectKey, Tier
 
-from .conftest import FakeClock
+from .conftest import FakeClock, make_state, two_nodes
 
 
 def item(key: str, size: int = 64, **kw: object) -> PutItem:
@@ -126,12 +126,17 @@ def test_group_evicted_together(state: MasterState) -> None:
     state.check_integrity()
 
 
-def test_watermark_eviction_down_to_low(state: MasterState) -> None:
-    # pool = 4096 + 8192 + 2048 = 14336; high 0.9, low 0.5.
+def test_watermark_eviction_down_to_low(clock: FakeClock) -> None:
+    # Without offload each tier evicts on its own: DRAM = 4096 + 2048, high 0.9, low 0.5.
+    state = two_nodes(make_state(clock, offload=False))
     for i in range(13):
-        put(state, item(f"k{i:02d}", 1024))
-    assert state.registry.used() <= 0.5 * 14336
-    assert sorted(state.objects) == [f"k{i:02d}" for i in range(6, 13)]  # oldest went first
+        put(state, item(f"k{i:02d}", 1024, tier=Tier.DRAM))
+        dram = [s for s in state.registry.live_segments() if s.tier == Tier.DRAM]
+        assert sum(s.used for s in dram) <= 0.9 * 6144
+    # k09's put pushed DRAM to 6144 > 0.9 * 6144: eviction ran down to 3072 bytes while
+    # k09 was still being written (not evictable): k06-k08 went; k09-k12 remain.
+    assert sorted(state.objects) == [f"k{i:02d}" for i in range(9, 13)]
+    assert state.counters.evictions == 9
     state.check_integrity()
 
 
@@ -199,7 +204,9 @@ def test_hopeless_put_evicts_nothing(state: MasterState) -> None:
     assert sorted(state.objects) == ["a1", "d1"] and state.counters.evictions == 0
 
 
-def test_eviction_for_a_tier_spares_other_tiers(state: MasterState) -> None:
+def test_eviction_for_a_tier_spares_other_tiers(clock: FakeClock) -> None:
+    # Watermarks at 1.0: only a put that finds no room evicts, within its own tier.
+    state = two_nodes(make_state(clock, high_watermark=1.0, low_watermark=1.0))
     put(state, item("ssd-old", 4096, tier=Tier.SSD))
     for i in range(3):
         put(state, item(f"d{i}", 2048, tier=Tier.DRAM))  # a-dram 4096 + b-dram 2048: full
