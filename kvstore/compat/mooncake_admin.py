@@ -6,6 +6,8 @@ them in batches; it returns how many were removed, as Mooncake's `remove_all` do
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from kvstore.rpc_errors import raise_from_rpc_error
@@ -14,14 +16,21 @@ from kvstore.v1 import master_pb2, master_pb2_grpc
 PAGE = 10_000
 
 
-def remove_all(master: str, tenant: str, force: bool, timeout_s: float = 30.0) -> int:
-    """Remove every committed object whose wire key belongs to `tenant` ("" = all keys)."""
+def remove_all(
+    master: str, tenant: str, force: bool, pattern: re.Pattern[str] | None = None,
+    timeout_s: float = 30.0,
+) -> int:  # fmt: skip
+    """Remove every committed object whose wire key belongs to `tenant` ("" = all keys)
+    and, with `pattern`, whose key (without the tenant prefix) matches it (re.search)."""
     prefix = f"{tenant}/" if tenant else ""
     removed = 0
     with grpc.insecure_channel(master) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         try:
-            for keys in _pages(stub, prefix, timeout_s):
+            for page in _pages(stub, prefix, timeout_s):
+                keys = [k for k in page if pattern is None or pattern.search(k[len(prefix) :])]
+                if not keys:
+                    continue
                 reply = stub.Remove(
                     master_pb2.RemoveRequest(keys=keys, force=force), timeout=timeout_s
                 )

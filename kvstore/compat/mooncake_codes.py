@@ -15,6 +15,7 @@ from kvstore import errors
 class ErrorCode(IntEnum):
     OK = 0
     INTERNAL_ERROR = -1
+    BUFFER_OVERFLOW = -10
     NO_AVAILABLE_HANDLE = -200  # no space in the pool
     INVALID_KEY = -400
     INVALID_PARAMS = -600  # bad argument, buffer too small, overlapping registration
@@ -26,6 +27,8 @@ class ErrorCode(IntEnum):
     TRANSFER_FAIL = -800
     RPC_FAIL = -900
     UNAVAILABLE_IN_CURRENT_STATUS = -1010  # called before setup or after close
+    NOT_SUPPORTED = -1012  # an operation the facade does not offer (docs/mooncake_compat.md)
+    TASK_NOT_FOUND = -1400
 
 
 _BY_CLASS: tuple[tuple[type[errors.KVStoreError], ErrorCode], ...] = (

@@ -53,7 +53,8 @@ def test_put_get_and_existing_key(store: MooncakeDistributedStore) -> None:
     assert (store.get_size("a"), store.get_size("missing")) == (5, NOT_FOUND)
     assert (store.is_exist("a"), store.is_exist("missing")) == (1, 0)
     assert store.batch_is_exist(["a", "missing", "a"]) == [1, 0, 1]
-    assert store.get_hostname() == "127.0.0.1"
+    host, port = store.get_hostname().split(":")  # Mooncake: "host:port", a port picked
+    assert host == "127.0.0.1" and 12300 <= int(port) < 14300
 
 
 def test_put_batch_get_batch(store: MooncakeDistributedStore) -> None:
@@ -121,14 +122,18 @@ def test_remove_codes(store: MooncakeDistributedStore, cluster: Cluster) -> None
     assert store.put("r", b"1") == 0
     assert store.remove("r") == 0  # never read: no lease
     assert store.remove("r") == NOT_FOUND
-    assert store.put("leased", b"1") == 0 and store.get("leased") == b"1"
+    reader = MooncakeDistributedStore()  # another client's read lease blocks a remove
+    assert reader.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", cluster.address) == 0
+    assert store.put("leased", b"1") == 0 and reader.get("leased") == b"1"
     assert store.remove("leased") == LEASED  # read lease (5 s) still running
+    assert store.batch_remove(["leased", "nope"]) == [LEASED, NOT_FOUND]
     assert store.remove("leased", True) == 0
     for k in ("k1", "k2", "k3"):
         assert store.put(k, b"v") == 0
-    assert store.get("k1") == b"v"  # a read leases k1
+    assert reader.get("k1") == b"v"  # a read leases k1
     assert store.remove_all() == 2
     assert store.remove_all(True) == 1
+    assert reader.close() == 0
     assert cluster.stats().objects == 0
 
 
@@ -148,7 +153,7 @@ def test_client_lends_its_segment_and_closes(cluster: Cluster) -> None:
     assert s.setup(cfg) == BAD  # already set up
     assert sum(g.capacity for g in cluster.stats().segments) == 2 * 8 * MiB + 4 * MiB
     assert s.put("mine", b"abc") == 0 and s.get("mine") == b"abc"
-    assert s.remove("mine") == LEASED and s.remove("mine", True) == 0
+    assert s.remove("mine") == 0  # its own read lease does not block its own remove
     assert s.close() == 0 and s.close() == 0
     cluster.wait_stats(lambda st: sum(g.capacity for g in st.segments) == 2 * 8 * MiB)
 
@@ -175,16 +180,30 @@ def _pybind_params(doc: str) -> list[str]:
     return [m.group(1) for m in re.finditer(r"(\w+): ", inside)][1:]  # drop self
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["setup", "put", "get", "put_from", "get_into", "batch_put_from", "batch_get_into",
-     "register_buffer", "unregister_buffer", "is_exist", "batch_is_exist", "get_size",
-     "remove", "remove_all", "close", "get_hostname"],
-)  # fmt: skip
+def _mooncake_methods() -> list[str]:
+    try:
+        from mooncake.store import MooncakeDistributedStore as Theirs
+    except ImportError:  # the wheel (or its libibverbs) is absent: the test skips
+        return ["setup"]
+    return sorted(n for n in dir(Theirs) if not n.startswith("_"))
+
+
+@pytest.mark.parametrize("name", _mooncake_methods())
 def test_signatures_match_mooncake(name: str) -> None:
+    """Every public method of Mooncake's class exists here with its parameter names."""
     store_mod = pytest.importorskip("mooncake.store")
     theirs = _pybind_params(getattr(store_mod.MooncakeDistributedStore, name).__doc__)
-    ours = list(inspect.signature(getattr(MooncakeDistributedStore, name)).parameters)[1:]
+    fn = (
+        MooncakeDistributedStore._setup
+        if name == "setup"
+        else getattr(MooncakeDistributedStore, name)
+    )
+    params = inspect.signature(fn).parameters
+    ours = [p for p in params if params[p].kind is not inspect.Parameter.VAR_KEYWORD][1:]
+    if any(params[p].kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return  # put_parts(key, *parts, config=...): pybind lists "*args"
+    if name in ("query_task",):
+        theirs = theirs[:1]
     assert len(ours) >= len(theirs), (ours, theirs)
     for mine, their in zip(ours, theirs, strict=False):
         assert their.startswith("arg") or mine == their, (ours, theirs)  # pybind "arg0": unnamed
