@@ -7,6 +7,7 @@ tensor forms build on it (mooncake_multi.py, mooncake_tensor_api.py).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
@@ -14,6 +15,9 @@ import random
 import re
 import socket
 import threading
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -93,6 +97,18 @@ def _connect(master: str, protocol: str, segment_bytes: int, tenant_id: str) -> 
     return client
 
 
+# Stores still set up at interpreter exit are closed then: a client that lent a
+# segment must unmount it and free its shared memory even when the caller (as
+# Mooncake's own tests do) never calls close().
+_LIVE: weakref.WeakSet[StoreCore] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live() -> None:
+    for store in list(_LIVE):
+        store.close()
+
+
 def per_key(res: list[int] | int, n: int) -> list[int]:
     """A whole-call failure (an int code) becomes that code for every key."""
     return res if isinstance(res, list) else [int(res)] * n
@@ -108,6 +124,8 @@ class StoreCore:
         self._hostname = ""
         self._local_buffer = 0
         self._regions: dict[int, int] = {}  # registered buffers: address -> size
+        # Mooncake leases an object to its writer too: keys put here, by put time
+        self._written: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------
@@ -158,6 +176,7 @@ class StoreCore:
                 log.warning("setup failed: %s", exc)
                 return code_of(exc)
             self._client, self._master, self._local_buffer = client, master_server_addr, local
+            _LIVE.add(self)
             self._tenant = client.config.tenant
             host = local_hostname or "localhost"
             self._hostname = host if ":" in host else f"{host}:{_free_port(host)}"
@@ -236,7 +255,27 @@ class StoreCore:
                 c.remove(keys[i], force=True)
                 errs = c.batch_put_from([keys[i]], [views[i]], **kw)
                 out[i] = put_code(errs[0])
+        self._note_written(c, [k for k, code in zip(keys, out, strict=True) if code == OK])
         return out
+
+    def _note_written(self, c: Any, keys: Sequence[str]) -> None:
+        now = time.monotonic()
+        ttl = c.config.lease_ttl_s
+        for k in keys:
+            self._written.pop(k, None)
+            self._written[k] = now
+        while self._written and next(iter(self._written.values())) < now - ttl:
+            self._written.popitem(last=False)
+
+    def _write_leased(self, key: str) -> bool:
+        """Whether `key` was put here within a lease TTL (Mooncake's put lease)."""
+        client = self._client
+        t = self._written.get(key)
+        return (
+            client is not None
+            and t is not None
+            and t >= time.monotonic() - client.config.lease_ttl_s
+        )
 
     def _write_one(self, key: str, view: Callable[[], Any], config: object, upsert: bool) -> int:
         return int(self._call(lambda c: self._write(c, [key], [view()], config, upsert)[0],
@@ -484,6 +523,8 @@ class StoreCore:
         cleared = []
         descs = self.batch_get_replica_desc(keys)
         for key in keys:
+            if self._write_leased(key):
+                continue
             nodes = {d.location.node_id for d in descs.get(key, [])}
             if segment_name and segment_name != own and segment_name not in nodes:
                 continue
