@@ -1,7 +1,7 @@
-"""User memory as flat byte views, without copies.
+"""Addresses and engine-ready aliases of user memory, and `get`'s result buffers.
 
-Values and targets may be bytes/bytearray/memoryview, numpy arrays (C-contiguous)
-or CPU torch tensors (contiguous). Transfer engines only register writable views;
+User memory becomes a byte view through kvstore.buffers.byte_view (one helper for
+the client, the engines and the tiers). Transfer engines only register writable views;
 a read-only source (bytes, a read-only array) is registered through a writable
 alias of the same memory, which the engine only ever reads from (WRITE ops).
 `new_bytes` makes an uninitialised `bytes` object that a READ fills in place, so
@@ -14,36 +14,6 @@ import ctypes
 import sys
 
 import numpy as np
-
-from kvstore.errors import BadRequestError
-from kvstore.transfer.buffers import as_byte_view
-
-
-def _is_torch_tensor(obj: object) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
-
-
-def byte_view(obj: object, *, writable: bool = False) -> memoryview:
-    """A flat 'B' view sharing `obj`'s memory; BadRequestError if impossible."""
-    if _is_torch_tensor(obj):
-        return as_byte_view(obj)
-    if hasattr(obj, "__array_interface__") and not isinstance(obj, memoryview):
-        arr = np.asarray(obj)
-        if not arr.flags.c_contiguous:
-            raise BadRequestError("array must be C-contiguous")
-        view = memoryview(arr.reshape(-1).view(np.uint8))
-    else:
-        try:
-            view = memoryview(obj)  # type: ignore[arg-type]
-        except TypeError as exc:
-            raise BadRequestError(f"not a buffer: {type(obj).__name__}") from exc
-        if not view.c_contiguous:
-            raise BadRequestError("buffer must be C-contiguous")
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-    if writable and view.readonly:
-        raise BadRequestError(f"target {type(obj).__name__} is read-only")
-    return view
 
 
 def address_of(view: memoryview) -> int:

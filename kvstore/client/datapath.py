@@ -14,7 +14,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.client.buffers import address_of, byte_view, engine_view
+from kvstore.buffers import byte_view
+from kvstore.client.buffers import address_of, engine_view
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
 from kvstore.transfer.base import (
     BufferDescriptor,

@@ -2,9 +2,10 @@
 
 A Location names (node, tier, segment, offset, length); the data plane needs the
 node's TCP endpoint and host id (Stats.nodes) and the segment's size (Stats.segments).
-Segments their node mounted with `shm` set are /dev/shm files named like the segment:
-same-host clients map them. A node that serves NIXL publishes its agent metadata and
-segment bases in its endpoint (`nixl_metadata`): its segments then carry `nixl_meta`.
+Segments their node mounted with `shm` set are shared memory: same-host clients map
+them by fd, asking the node's fd server (`shm_socket` in its endpoint) by segment
+name. A node that serves NIXL publishes its agent metadata and segment bases in its
+endpoint (`nixl_metadata`): its segments then carry `nixl_meta`.
 The cache is refreshed from Stats when a location is unknown (a new node or segment).
 """
 
@@ -16,7 +17,7 @@ from kvstore.errors import BadRequestError
 from kvstore.transfer.base import SegmentDescriptor
 from kvstore.transfer.nixl_pool import segment_meta
 from kvstore.types import Location
-from kvstore.v1 import master_pb2
+from kvstore.v1 import common_pb2, master_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,7 @@ class _Node:
     tcp_address: str
     host_id: str
     nixl_metadata: bytes
+    shm_socket: str
 
 
 class SegmentDirectory:
@@ -39,12 +41,7 @@ class SegmentDirectory:
 
     def update(self, stats: master_pb2.StatsResponse) -> None:
         """Rebuild from a Stats reply (one atomic swap: readers never see half a table)."""
-        nodes = {
-            n.node_id: _Node(
-                n.endpoint.tcp_address, n.endpoint.shm_host_id, n.endpoint.nixl_metadata
-            )
-            for n in stats.nodes
-        }
+        nodes = {n.node_id: _node(n.endpoint) for n in stats.nodes}
         descs: dict[tuple[str, str], SegmentDescriptor] = {}
         for seg in stats.segments:
             node = nodes.get(seg.node_id)
@@ -55,6 +52,7 @@ class SegmentDirectory:
                     name=seg.segment, size=seg.capacity, host_id=node.host_id,
                     endpoint=node.tcp_address, shm=seg.shm,
                     nixl_meta=segment_meta(node.nixl_metadata, seg.segment),
+                    shm_socket=node.shm_socket if seg.shm else "",
                 )  # fmt: skip
             except BadRequestError:
                 continue  # an endpoint we cannot parse: that segment stays unreachable
@@ -63,3 +61,7 @@ class SegmentDirectory:
 
     def __len__(self) -> int:
         return len(self._descs)
+
+
+def _node(ep: common_pb2.NodeEndpoint) -> _Node:
+    return _Node(ep.tcp_address, ep.shm_host_id, ep.nixl_metadata, ep.shm_socket)

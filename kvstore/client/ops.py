@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.client.buffers import byte_view, new_bytes
+from kvstore.buffers import byte_view
+from kvstore.client.buffers import new_bytes
 from kvstore.client.context import OpContext, call
 from kvstore.client.reads import lookup_op, read_op
 from kvstore.client.steps import Op

@@ -81,6 +81,7 @@ class RocksJournal:
         rec = {"id": node.node_id, "tcp": ep.tcp_address, "shm": ep.shm_host_id}
         rec["rpc"] = ep.rpc_address
         rec["nixl"] = base64.b64encode(ep.nixl_metadata).decode()
+        rec["fd"] = ep.shm_socket
         self._put(_NODE + node.node_id.encode(), rec)
 
     def drop_node(self, node_id: str) -> None:

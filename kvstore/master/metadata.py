@@ -477,7 +477,7 @@ class MasterState:
         now = self.clock()
         for rec in snap.nodes:
             nixl = base64.b64decode(rec.get("nixl", ""))
-            endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"], nixl)
+            endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"], nixl, rec.get("fd", ""))
             self.registry.register(rec["id"], endpoint, now)
         for rec in snap.segments:
             self.registry.mount(

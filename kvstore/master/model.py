@@ -46,6 +46,7 @@ class Endpoint:
     shm_host_id: str = ""
     rpc_address: str = ""
     nixl_metadata: bytes = b""  # opaque to the master; see kvstore.transfer.nixl_pool
+    shm_socket: str = ""  # fd server of its shared-memory segments; see kvstore.tiers.shm
 
 
 @dataclass(slots=True)

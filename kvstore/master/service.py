@@ -271,7 +271,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
 
 
 def endpoint_from_pb(ep: common_pb2.NodeEndpoint) -> Endpoint:
-    return Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata)
+    return Endpoint(ep.tcp_address, ep.shm_host_id, ep.rpc_address, ep.nixl_metadata, ep.shm_socket)
 
 
 def _task_pb(move: Move) -> master_pb2.NodeTask:
@@ -327,6 +327,7 @@ def stats_to_pb(state: MasterState, epoch: str) -> master_pb2.StatsResponse:
             endpoint=common_pb2.NodeEndpoint(
                 tcp_address=n.endpoint.tcp_address, shm_host_id=n.endpoint.shm_host_id,
                 rpc_address=n.endpoint.rpc_address, nixl_metadata=n.endpoint.nixl_metadata,
+                shm_socket=n.endpoint.shm_socket,
             ),
             ms_since_heartbeat=max(0, int((now - n.last_heartbeat) * 1000)),
         )

@@ -104,6 +104,7 @@ class StorageNode:
         endpoint = common_pb2.NodeEndpoint(
             tcp_address=self.endpoint, shm_host_id=local_host_id(),
             nixl_metadata=self.nixl_metadata,
+            shm_socket=next((s.shm_socket for s in self.segments if s.shm_socket), ""),
         )  # fmt: skip
         mounts = [MountSpec(s.name, s.tier, s.size, s.shm) for s in self.segments]
         self.membership = Membership(

@@ -1,5 +1,6 @@
-"""Memory a process lends to the pool: a DRAM segment (/dev/shm file, same-host peers
-map it) or an SSD segment (a preallocated file on disk, mmap'd, served over TCP only).
+"""Memory a process lends to the pool: a DRAM segment (anonymous shared memory that
+same-host peers map by fd; the kernel frees it when the last user exits) or an SSD
+segment (a preallocated file on disk, mmap'd, served over TCP only).
 
 Both expose `buffer`, a writable memoryview over the whole segment, which the
 TransferServer serves one-sided; the master allocates inside it.
@@ -32,7 +33,7 @@ class LocalSegment:
     name: str
     tier: Tier
     buffer: memoryview
-    shm: bool  # True: a /dev/shm file that same-host peers may map by name
+    shm: bool  # True: shared memory that same-host peers may map (by fd, see shm_socket)
     _shared: SharedSegment | None = None
     _mmap: mmap.mmap | None = None
     _path: str | None = None
@@ -41,11 +42,15 @@ class LocalSegment:
     def size(self) -> int:
         return self.buffer.nbytes
 
+    @property
+    def shm_socket(self) -> str:
+        """Address of the fd server that hands this segment to peers ("" for SSD)."""
+        return self._shared.address if self._shared is not None else ""
+
     def close(self) -> None:
-        """Unmap and remove the backing file. Idempotent."""
+        """Unmap (DRAM: stop serving its fd too) and remove the backing file. Idempotent."""
         if self._shared is not None:
             self._shared.close()
-            self._shared.unlink()
             self._shared = None
         if self._mmap is not None:
             with contextlib.suppress(BufferError):  # views still held: unmapped when they die
@@ -59,8 +64,14 @@ class LocalSegment:
 
 
 def create_dram(owner: str, size: int) -> LocalSegment:
-    """A new /dev/shm segment of `size` bytes, reserved now (NoSpaceError if /dev/shm is full)."""
+    """A new shared-memory segment of `size` bytes, reserved now (NoSpaceError if memory
+    is short), served by fd to same-host peers through this process's fd server."""
     shared = SharedSegment.create(segment_name(owner, Tier.DRAM), size)
+    try:
+        shared.serve()
+    except BaseException:
+        shared.close()
+        raise
     return LocalSegment(shared.name, Tier.DRAM, shared.buffer, True, _shared=shared)
 
 

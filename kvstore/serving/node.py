@@ -94,8 +94,7 @@ def open_store(args: argparse.Namespace, node_id: str) -> BlockStore | None:
             client_id=node_id,
         )
     if args.local_store_bytes:
-        from kvstore.tiers.dram import DramTier
-        from kvstore.tiers.dram_parts import DramConfig
+        from kvstore.tiers.dram import DramConfig, DramTier
         from kvstore.tiers.tiered import TieredStore
 
         tier = DramTier(DramConfig(capacity_bytes=args.local_store_bytes))

@@ -19,8 +19,9 @@ are never evicted. If no choice of evictions makes the object fit, NoSpaceError
 is raised and nothing is evicted. The evict callback sees each victim's bytes
 before they are freed (for demotion to SSD).
 
-The segment is unlinked by `close`, or when the tier is dropped or the process
-exits; a killed process leaves it in /dev/shm.
+The segment is anonymous shared memory (kvstore.tiers.shm): `close` unmaps it,
+and the kernel frees it once no process maps it, however the process ends.
+`segment.serve()` lets same-host peers map it (by fd, see `locate`).
 
 Thread-safe with one lock. Copies and the evict callback run under it: a slow
 callback stalls the tier, and it must not call back into the tier (deadlock).
@@ -33,21 +34,12 @@ import logging
 import math
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, KVStoreError, TooLargeError
 from kvstore.tiers.base import BytesLike, EvictCallback, TierStats
-from kvstore.tiers.dram_index import DramIndex
-from kvstore.tiers.dram_parts import (
-    DramConfig,
-    DramEntry,
-    DramReadHandle,
-    DramWriteHandle,
-    check_size,
-    source_view,
-    target_view,
-)
+from kvstore.tiers.dram_index import DramConfig, DramEntry, DramIndex
 from kvstore.tiers.shm import SharedSegment, new_segment_name
 from kvstore.types import ObjectKey, Tier, check_key
 
@@ -66,8 +58,6 @@ class DramTier:
         self._clock = clock
         name = config.segment_name or new_segment_name("kvstore-dram")
         self._segment = SharedSegment.create(name, config.capacity_bytes)
-        # Unlink the name if the tier is dropped or the interpreter exits unclosed.
-        self._finalizer = weakref.finalize(self, self._segment.unlink)
         self._view: memoryview = self._segment.buffer
         self._index = DramIndex(config, clock, self._on_evict)
         self._lock = threading.Lock()
@@ -92,7 +82,8 @@ class DramTier:
         with self._lock:
             self._check_open()
             entry = self._index.new_entry(key, size)
-            return DramWriteHandle(self, entry, self._view[entry.offset : entry.offset + size])
+            view = self._view[entry.offset : entry.offset + size]
+            return DramWriteHandle(self, entry, view)
 
     def commit(self, handle: DramWriteHandle) -> None:
         """Make a reserved object visible."""
@@ -109,7 +100,7 @@ class DramTier:
     def put(self, key: ObjectKey, value: BytesLike) -> None:
         """Store a new object (ExistsError if the key is present or being written)."""
         key = check_key(key)
-        src = source_view(value)
+        src = byte_view(value, what="value")
         check_size(src.nbytes, self._config.capacity_bytes)
         with self._lock:
             self._check_open()
@@ -131,7 +122,7 @@ class DramTier:
     def get_into(self, key: ObjectKey, out: memoryview) -> int | None:
         """Copy the object into `out`; its size, or None if absent."""
         key = check_key(key)
-        dst = target_view(out)
+        dst = byte_view(out, writable=True, what="out")
         with self._lock:
             entry = self._index.visible(key)
             if entry is None:
@@ -152,11 +143,13 @@ class DramTier:
                 return None
             entry.readers += 1
             view = self._view[entry.offset : entry.offset + entry.size].toreadonly()
-            return DramReadHandle(self, entry, view)
+            return DramReadHandle(entry.key, entry.size, view, lambda: self._release(entry))
 
     def locate(self, key: ObjectKey) -> tuple[str, int, int] | None:
         """(segment name, offset, length) of a committed object for a one-sided peer
-        read; None if absent. Lease the key so it is not evicted during the read."""
+        read; None if absent. Lease the key so it is not evicted during the read. A
+        same-host peer maps the segment with SharedSegment.attach(name, address),
+        `address` being what `segment.serve()` returned."""
         key = check_key(key)
         with self._lock:
             entry = self._index.visible(key)
@@ -291,14 +284,13 @@ class DramTier:
             self._index.check_integrity(self._closed)
 
     def close(self) -> None:
-        """Drop every object, unmap and unlink the segment (idempotent)."""
+        """Drop every object and unmap the segment (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._index.clear()
             self._segment.close()
-            self._finalizer()
 
     def __enter__(self) -> DramTier:
         return self
@@ -335,7 +327,84 @@ class DramTier:
                 self._index.release(entry)
 
     def _writing_entry(self, handle: DramWriteHandle) -> DramEntry:
-        if not isinstance(handle, DramWriteHandle) or handle._tier is not self:
+        if not isinstance(handle, DramWriteHandle) or handle._owner is not self:
             raise BadRequestError("not an open write handle of this tier")
         self._check_open()
         return handle._entry
+
+
+class DramWriteHandle:
+    """A reserved object: fill `buffer` (exactly `size` bytes), then commit or abort
+    it through the tier that made it (`owner`)."""
+
+    __slots__ = ("_entry", "_owner", "_view", "key", "size")
+
+    def __init__(self, owner: object, entry: DramEntry, view: memoryview) -> None:
+        self.key = entry.key
+        self.size = entry.size
+        self._owner: object | None = owner
+        self._entry = entry
+        self._view: memoryview | None = view
+
+    @property
+    def buffer(self) -> memoryview:
+        if self._view is None:
+            raise BadRequestError(f"write handle of {self.key!r} is already committed or aborted")
+        return self._view
+
+    def _finish(self) -> None:
+        self._owner = None
+        self._view = None
+
+    def __repr__(self) -> str:
+        state = "open" if self._view is not None else "finished"
+        return f"DramWriteHandle({self.key!r}, size={self.size}, {state})"
+
+
+class DramReadHandle:
+    """A committed object held against eviction and freeing until `release`, which
+    calls `on_release` once (as the SSD and HBM read handles do)."""
+
+    __slots__ = ("_on_release", "_view", "key", "size")
+
+    def __init__(
+        self, key: ObjectKey, size: int, view: memoryview, on_release: Callable[[], None]
+    ) -> None:
+        self.key = key
+        self.size = size
+        self._view: memoryview | None = view
+        self._on_release: Callable[[], None] | None = on_release
+
+    @property
+    def buffer(self) -> memoryview:
+        """The object's bytes, read-only, valid until `release`."""
+        if self._view is None:
+            raise BadRequestError(f"read handle of {self.key!r} is released")
+        return self._view
+
+    def release(self) -> None:
+        """Drop the hold (idempotent)."""
+        on_release, self._on_release, self._view = self._on_release, None, None
+        if on_release is not None:
+            on_release()
+
+    def __enter__(self) -> DramReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "held" if self._view is not None else "released"
+        return f"DramReadHandle({self.key!r}, size={self.size}, {state})"
+
+
+def check_size(size: object, capacity: int) -> int:
+    """A valid object size: a positive int no larger than the tier."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise BadRequestError(f"size must be an int, got {type(size).__name__}")
+    if size <= 0:
+        raise BadRequestError(f"size must be positive, got {size}")
+    if size > capacity:
+        raise TooLargeError(f"{size} bytes exceed the tier's capacity of {capacity}")
+    return size

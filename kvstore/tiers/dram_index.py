@@ -1,4 +1,5 @@
-"""The DRAM tier's metadata: entries, LRU order, protections, eviction, counters.
+"""The DRAM tier's config and metadata: entries, LRU order, protections, eviction,
+counters and their consistency check.
 
 Knows where each object lives but never touches its bytes, so it is plain,
 deterministic bookkeeping; `DramTier` adds the lock and the copies. Not
@@ -7,16 +8,61 @@ thread-safe on its own.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstore.errors import ExistsError, NoSpaceError, NotReadyError
+from kvstore.errors import BadRequestError, ExistsError, NoSpaceError, NotReadyError
 from kvstore.tiers.allocator import OffsetAllocator
-from kvstore.tiers.dram_check import check_tier
-from kvstore.tiers.dram_parts import DramConfig, DramEntry
 from kvstore.tiers.eviction import choose_victims
+from kvstore.tiers.shm import check_segment_name
 from kvstore.types import ObjectKey
+
+
+@dataclass(frozen=True, slots=True)
+class DramConfig:
+    """One DRAM tier: its size, shared-memory label (None: a fresh unique one),
+    eviction watermarks (fractions of capacity) and allocation alignment."""
+
+    capacity_bytes: int
+    segment_name: str | None = None
+    high_watermark: float = 0.95
+    low_watermark: float = 0.85
+    alignment: int = 64
+
+    def __post_init__(self) -> None:
+        align = self.alignment
+        if not _is_int(align) or align <= 0 or align & (align - 1):
+            raise BadRequestError(f"alignment must be a power of two, got {align!r}")
+        cap = self.capacity_bytes
+        if not _is_int(cap) or cap <= 0 or cap % align:
+            raise BadRequestError(f"capacity_bytes must be a positive multiple of {align}: {cap!r}")
+        if self.segment_name is not None:
+            check_segment_name(self.segment_name)
+        low, high = self.low_watermark, self.high_watermark
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) for w in (low, high)):
+            raise BadRequestError("watermarks must be numbers")
+        if not 0.0 < low <= high <= 1.0:
+            raise BadRequestError(f"need 0 < low_watermark <= high_watermark <= 1: {low}, {high}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(slots=True, eq=False)
+class DramEntry:
+    """One object's bookkeeping: where it lives and what protects it."""
+
+    key: ObjectKey
+    offset: int
+    size: int
+    committed: bool = False
+    readers: int = 0
+    pins: int = 0
+    lease_until: float = -math.inf
+    doomed: bool = False
 
 
 @dataclass(slots=True)
@@ -145,7 +191,29 @@ class DramIndex:
         return True
 
     def check_integrity(self, closed: bool) -> None:
-        check_tier(self.alloc, self.objects, self.lru, self.doomed, closed)
+        """Raise AssertionError unless every entry owns exactly one live allocation."""
+        objects, lru, doomed, alloc = self.objects, self.lru, self.doomed, self.alloc
+        if closed:
+            assert not (objects or lru or doomed), "a closed tier still holds objects"
+            return
+        alloc.check_integrity()
+        committed = {key for key, entry in objects.items() if entry.committed}
+        assert set(lru) == committed, "LRU keys differ from the committed keys"
+        for key, entry in objects.items():
+            assert entry.key == key and not entry.doomed, f"bad entry under {key!r}"
+            assert entry.committed or entry.readers == 0, f"WRITING {key!r} has readers"
+            assert not entry.committed or lru[key] is entry, f"LRU holds another entry for {key!r}"
+        for offset, entry in doomed.items():
+            assert entry.doomed and entry.offset == offset, f"bad doomed entry at {offset}"
+            assert objects.get(entry.key) is not entry, f"doomed {entry.key!r} is still visible"
+        entries = [*objects.values(), *doomed.values()]
+        for entry in entries:
+            assert entry.readers >= 0 and entry.pins >= 0, f"negative counts on {entry.key!r}"
+            assert entry.size > 0, f"empty object {entry.key!r}"
+            assert alloc.is_allocated(entry.offset), f"{entry.key!r} at unallocated {entry.offset}"
+            assert alloc.size_of(entry.offset) == alloc.aligned(entry.size), f"{entry.key!r} size"
+        assert len({e.offset for e in entries}) == len(entries), "two objects share an offset"
+        assert alloc.stats().allocations == len(entries), "allocations leak or are missing"
 
     # -- space ------------------------------------------------------------------------------
 

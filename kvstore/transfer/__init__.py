@@ -6,7 +6,7 @@
     handle = engine.submit([TransferRequest(...), ...]); handle.wait(timeout)
 
 A node serves its segments with `TransferServer` (TCP) and publishes their
-`SegmentDescriptor`s; same-host peers map /dev/shm segments directly.
+`SegmentDescriptor`s; same-host peers map shared-memory segments directly (by fd).
 """
 
 from kvstore.transfer.base import (

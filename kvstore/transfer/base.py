@@ -1,7 +1,7 @@
 """The transfer-engine contract: descriptors, requests, handles and the engine ABC.
 
-A *segment* is a named memory region that a process exposes to peers (a DRAM tier
-file in /dev/shm, a registered buffer); a `SegmentDescriptor` says how to reach it
+A *segment* is a named memory region that a process exposes to peers (a DRAM
+segment of anonymous shared memory, a registered buffer); a `SegmentDescriptor` says how to reach it
 and travels as bytes or a dict (e.g. in gRPC metadata). A *buffer* is local memory
 registered with an engine. A `TransferRequest` moves `length` bytes between
 `remote[remote_offset:]` and `local[local_offset:]`: READ pulls remote -> local,
@@ -22,8 +22,9 @@ from enum import IntEnum
 from functools import cache
 from typing import Any
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, NotFoundError, TooLargeError, TransferError
-from kvstore.transfer.buffers import as_byte_view
+from kvstore.tiers.shm import check_address
 
 MAX_NAME_BYTES = 1024
 
@@ -70,14 +71,18 @@ def check_name(name: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SegmentDescriptor:
-    """How to reach a remote segment: by /dev/shm name (`shm`), TCP endpoint or NIXL."""
+    """How to reach a remote segment: shared memory (`shm`, mapped by the fd that
+    `shm_socket` serves), TCP endpoint or NIXL."""
 
     name: str
     size: int
     host_id: str
     endpoint: str = ""  # "host:port" of the TransferServer serving it; "" = none
-    shm: bool = False  # a /dev/shm file attachable by `name` on the same host
+    shm: bool = False  # shared memory that same-host peers may map (see shm_socket)
     nixl_meta: bytes = b""  # agent metadata + base address, see kvstore.transfer.nixl
+    # "@name" of the abstract Unix socket whose fd server hands out this segment's
+    # fd (kvstore.tiers.shm.FdServer); "" = not mappable
+    shm_socket: str = ""
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -85,6 +90,8 @@ class SegmentDescriptor:
             raise BadRequestError(f"bad segment size {self.size!r}")
         if self.endpoint:
             parse_endpoint(self.endpoint)
+        if self.shm_socket:
+            check_address(self.shm_socket)
 
     @property
     def same_host(self) -> bool:
@@ -210,7 +217,7 @@ class BufferRegistry:
         self._lock = threading.Lock()
 
     def add(self, name: str, buffer: object) -> BufferDescriptor:
-        view = as_byte_view(buffer)
+        view = byte_view(buffer, writable=True)
         with self._lock:
             if check_name(name) in self._views:
                 raise BadRequestError(f"buffer {name!r} already registered")

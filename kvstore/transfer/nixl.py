@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, TransferError
 from kvstore.transfer.base import (
     BufferDescriptor,
@@ -40,7 +41,6 @@ from kvstore.transfer.base import (
     TransferRequest,
     local_host_id,
 )
-from kvstore.transfer.buffers import as_byte_view
 
 _ADDR = struct.Struct("<Q")
 _MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
@@ -128,7 +128,7 @@ class NixlEngine(TransferEngine):
     ) -> SegmentDescriptor:
         """Serve `buffer` to NIXL peers; returns `base` (or a new descriptor) with
         `nixl_meta` filled in."""
-        view = as_byte_view(buffer)
+        view = byte_view(buffer, writable=True)
         with self._lock:
             address = self._register_memory(view)
             meta = pack_meta(address, self._agent.get_agent_metadata())

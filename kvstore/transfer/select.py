@@ -1,7 +1,7 @@
 """Choosing a transport: `make_engine(kind)` and the per-peer routing AutoEngine.
 
 "auto" routes each request by its remote segment: shared memory when the segment
-is a /dev/shm file on this host, NIXL when installed and the segment publishes
+is shared memory on this host (mapped by fd), NIXL when installed and the segment publishes
 NIXL metadata, TCP otherwise. "shm", "tcp" and "nixl" force one transport.
 """
 

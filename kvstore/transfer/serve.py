@@ -1,9 +1,9 @@
-"""A process that exposes one SharedSegment over TCP (and NIXL): tests, benches, demos.
+"""A process that exposes one SharedSegment over TCP, by fd (and NIXL): tests, benches, demos.
 
     python -m kvstore.transfer.serve --name SEG --size BYTES [--seed N] [--nixl]
 
 Prints the segment descriptor as one line "descriptor: <json>" on stdout, then serves until its
-stdin closes (the parent exits or closes the pipe), then stops and unlinks.
+stdin closes (the parent exits or closes the pipe), then stops and frees it.
 `--seed` fills the segment with `pattern(size, seed)`.
 """
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:
         server.stop()
-        segment.unlink()
+        segment.close()
     return 0
 
 

@@ -1,10 +1,11 @@
-"""ShmEngine: same-host transfers by mapping the peer's /dev/shm segment.
+"""ShmEngine: same-host transfers by mapping the peer's shared-memory segment.
 
-The remote segment is attached by name once (mappings cached) and bytes move by
-one memcpy (memoryview slice assignment), no socket and no copy through the
-peer process. Only segments whose descriptor says `shm` and whose host id is this
-host's can be reached. Transfers run in the caller's thread; `submit` returns a
-completed handle.
+The remote segment is mapped once (mappings cached): its fd is fetched from the
+owner's fd server (the descriptor's `shm_socket`, see kvstore.tiers.shm), mapped
+and closed. Bytes then move by one memcpy (memoryview slice assignment), no
+socket and no copy through the peer process. Only segments whose descriptor says
+`shm`, names an fd socket and carries this host's id can be reached. Transfers
+run in the caller's thread; `submit` returns a completed handle.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvstore.transfer.base import (
 
 def shm_reachable(remote: SegmentDescriptor) -> bool:
     """Whether this process can map `remote` directly."""
-    return remote.shm and remote.same_host
+    return remote.shm and bool(remote.shm_socket) and remote.same_host
 
 
 class ShmEngine(TransferEngine):
@@ -35,7 +36,7 @@ class ShmEngine(TransferEngine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._maps: dict[str, SharedSegment] = {}
+        self._maps: dict[tuple[str, str], SharedSegment] = {}
         self._lock = threading.Lock()
 
     def submit(self, batch: Sequence[TransferRequest]) -> TransferHandle:
@@ -64,14 +65,17 @@ class ShmEngine(TransferEngine):
         return None
 
     def _segment(self, desc: SegmentDescriptor) -> memoryview:
-        """The mapped peer segment (attached once, writable)."""
+        """The mapped peer segment (attached once, writable). A segment re-created
+        under the same name by a restarted owner comes from another fd socket: the
+        cache is keyed by both."""
+        key = (desc.shm_socket, desc.name)
         with self._lock:
-            seg = self._maps.get(desc.name)
+            seg = self._maps.get(key)
             if seg is None or seg.size < desc.size:
                 if seg is not None:
                     seg.close()
-                seg = self._maps[desc.name] = SharedSegment.attach(
-                    desc.name, writable=True, populate=True
+                seg = self._maps[key] = SharedSegment.attach(
+                    desc.name, desc.shm_socket, writable=True, populate=True
                 )
         if seg.size < desc.size:
             raise BadRequestError(
@@ -80,12 +84,13 @@ class ShmEngine(TransferEngine):
         return seg.buffer
 
     def detach(self, name: str) -> bool:
-        """Drop a cached mapping (e.g. after the peer removed the segment)."""
+        """Drop the cached mappings of segment `name` (e.g. after its owner removed it)."""
         with self._lock:
-            seg = self._maps.pop(name, None)
-        if seg is not None:
+            keys = [key for key in self._maps if key[1] == name]
+            segs = [self._maps.pop(key) for key in keys]
+        for seg in segs:
             seg.close()
-        return seg is not None
+        return bool(segs)
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,9 @@ import socket
 import threading
 from dataclasses import dataclass
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
+from kvstore.tiers.shm import SharedSegment
 from kvstore.transfer import wire
 from kvstore.transfer.base import (
     MAX_NAME_BYTES,
@@ -24,7 +26,6 @@ from kvstore.transfer.base import (
     check_name,
     local_host_id,
 )
-from kvstore.transfer.buffers import as_byte_view
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class TransferServer:
     def __init__(self, config: ServerConfig | None = None) -> None:
         self.config = config or ServerConfig()
         self._segments: dict[str, memoryview] = {}
-        self._shm: dict[str, bool] = {}
+        self._shm: dict[str, str | None] = {}  # name -> fd socket of shm segments
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -66,19 +67,22 @@ class TransferServer:
 
     # -- segments -------------------------------------------------------------
 
-    def expose(self, name: str, buffer: object, *, shm: bool = False) -> SegmentDescriptor:
-        """Serve `buffer` as segment `name`; `shm` marks it attachable from /dev/shm."""
-        view = as_byte_view(buffer)
+    def expose(
+        self, name: str, buffer: object, *, shm: bool = False, shm_socket: str = ""
+    ) -> SegmentDescriptor:
+        """Serve `buffer` as segment `name`; `shm` marks it mappable by same-host
+        peers, through the fd server at `shm_socket` (kvstore.tiers.shm)."""
+        view = byte_view(buffer, writable=True)
         with self._lock:
             if check_name(name) in self._segments:
                 raise BadRequestError(f"segment {name!r} already exposed")
             self._segments[name] = view
-            self._shm[name] = shm
+            self._shm[name] = shm_socket if shm else None
         return self.descriptor(name)
 
-    def expose_segment(self, segment: object) -> SegmentDescriptor:
-        """Serve a kvstore.tiers.shm.SharedSegment (same-host peers may map it)."""
-        return self.expose(segment.name, segment.buffer, shm=True)  # type: ignore[attr-defined]
+    def expose_segment(self, segment: SharedSegment) -> SegmentDescriptor:
+        """Serve a SharedSegment over TCP and its fd to same-host peers."""
+        return self.expose(segment.name, segment.buffer, shm=True, shm_socket=segment.serve())
 
     def withdraw(self, name: str) -> bool:
         """Stop serving a segment (requests in flight on it may still finish)."""
@@ -89,10 +93,13 @@ class TransferServer:
     def descriptor(self, name: str) -> SegmentDescriptor:
         with self._lock:
             view = self._segments.get(name)
-            shm = self._shm.get(name, False)
+            sock = self._shm.get(name)
         if view is None:
             raise NotFoundError(f"segment {name!r} not exposed")
-        return SegmentDescriptor(name, view.nbytes, local_host_id(), self._endpoint, shm)
+        return SegmentDescriptor(
+            name, view.nbytes, local_host_id(), self._endpoint, shm=sock is not None,
+            shm_socket=sock or "",
+        )  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -54,13 +54,15 @@ class Location(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("tcp_address", "shm_host_id", "rpc_address", "nixl_metadata")
+    __slots__ = ("tcp_address", "shm_host_id", "rpc_address", "nixl_metadata", "shm_socket")
     TCP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SHM_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NIXL_METADATA_FIELD_NUMBER: _ClassVar[int]
+    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
     tcp_address: str
     shm_host_id: str
     rpc_address: str
     nixl_metadata: bytes
-    def __init__(self, tcp_address: _Optional[str] = ..., shm_host_id: _Optional[str] = ..., rpc_address: _Optional[str] = ..., nixl_metadata: _Optional[bytes] = ...) -> None: ...
+    shm_socket: str
+    def __init__(self, tcp_address: _Optional[str] = ..., shm_host_id: _Optional[str] = ..., rpc_address: _Optional[str] = ..., nixl_metadata: _Optional[bytes] = ..., shm_socket: _Optional[str] = ...) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ from kvstore.transfer.tcp import TcpEngine
 from kvstore.types import Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 from tests.cluster import Cluster
+from tests.memfd import holders, shm_files
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,14 +70,15 @@ def test_dram_and_ssd_segments_are_files_that_go_away(tmp_path: Path) -> None:
     try:
         assert (dram.tier, dram.shm, dram.size) == (Tier.DRAM, True, 1 << 16)
         assert (ssd.tier, ssd.shm, ssd.size) == (Tier.SSD, False, 1 << 16)
-        assert "/" not in dram.name and os.path.exists(f"/dev/shm/{dram.name}")
+        assert "/" not in dram.name and dram.shm_socket.startswith("@")
+        assert holders(dram.name) == [os.getpid()] and shm_files(dram.name) == []  # anonymous
         ssd.buffer[100:105] = b"hello"
         path = tmp_path / f"{ssd.name}.seg"
         assert path.read_bytes()[100:105] == b"hello"  # shared mapping of the file
     finally:
         dram.close()
         ssd.close()
-    assert not os.path.exists(f"/dev/shm/{dram.name}") and not path.exists()
+    assert holders(dram.name) == [] and not path.exists()  # the kernel freed the memory
     dram.close()  # idempotent
 
 
@@ -93,9 +96,10 @@ def test_node_joins_serves_and_leaves(master: Cluster, tmp_path: Path) -> None:
             ssd.name: (Tier.SSD, 1 << 19),
         }
         shm = {g.segment: g.shm for g in master.stats().segments if g.node_id == "inproc"}
-        assert shm == {dram.name: True, ssd.name: False}  # /dev/shm-backed: mappable
+        assert shm == {dram.name: True, ssd.name: False}  # shared memory: mappable
         listed = [n for n in master.stats().nodes if n.node_id == "inproc"]
         assert listed[0].endpoint.tcp_address == node.endpoint
+        assert listed[0].endpoint.shm_socket == dram.shm_socket != ""
         data = np.frombuffer(os.urandom(5000), dtype=np.uint8).copy()
         with TcpEngine() as engine:  # a one-sided WRITE lands in the node's memory
             local = engine.register("src", data)
@@ -104,7 +108,7 @@ def test_node_joins_serves_and_leaves(master: Cluster, tmp_path: Path) -> None:
     finally:
         node.stop()
     assert _segments(master, "inproc") == {}
-    assert not os.path.exists(f"/dev/shm/{dram.name}")
+    assert shm_files(dram.name) == []
 
 
 def test_stale_segments_of_the_same_id_are_dropped(master: Cluster) -> None:
@@ -153,10 +157,10 @@ def test_cli_node_leaves_cleanly_on_sigterm(tmp_path: Path) -> None:
     with Cluster(nodes=1, workdir=tmp_path) as cluster:
         node = cluster.node_procs[0]
         (name,) = _segments(cluster, node.node_id)
-        assert os.path.exists(f"/dev/shm/{name}")
+        assert holders(name) == [node.proc.pid]
         assert cluster.stop_node(0) == 0
         assert _segments(cluster, node.node_id) == {}
-        assert not os.path.exists(f"/dev/shm/{name}")
+        assert holders(name) == [] and shm_files(name) == []
 
 
 @pytest.mark.slow
@@ -191,7 +195,10 @@ def test_master_down_at_start_is_unavailable_and_leaves_nothing() -> None:
     with pytest.raises(UnavailableError):
         node.start()
     assert time.monotonic() - start < cfg.rpc_timeout_s
-    assert not os.path.exists(f"/dev/shm/{node.segments[0].name}")
+    name = node.segments[0].name
+    del node  # the TransferServer's views were the last users of the memory
+    gc.collect()
+    assert holders(name) == [] and shm_files(name) == []
 
 
 @pytest.mark.slow

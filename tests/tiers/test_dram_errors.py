@@ -12,7 +12,7 @@ import pytest
 
 from kvstore.errors import BadRequestError, TooLargeError
 from kvstore.tiers.dram import DramConfig, DramTier
-from kvstore.tiers.shm import SHM_DIR
+from tests.memfd import holders, shm_files
 from tests.tiers.dram_util import BLOCK, FakeClock, make_tier, small_tier, val
 
 
@@ -101,29 +101,31 @@ def test_evict_callback_error_still_evicts(tier: DramTier) -> None:
     assert tier.stats().extra["evict_callback_errors"] == 1
 
 
-def test_close_unlinks_segment_and_rejects_use(clock: FakeClock) -> None:
+def test_close_frees_segment_and_rejects_use(clock: FakeClock) -> None:
     t = make_tier(4, clock)
     t.put("a", b"x")
     handle = t.reserve("b", 3)
     reader = t.acquire("a")
-    path = os.path.join(SHM_DIR, t.segment.name)
-    assert os.path.exists(path)
+    label = t.segment.name
+    assert holders(label) == [os.getpid()] and shm_files(label) == []  # anonymous
     t.close()
     t.close()
-    assert not os.path.exists(path)
     with pytest.raises(BadRequestError):
         t.put("c", b"y")
     with pytest.raises(BadRequestError):
         t.commit(handle)
     reader.release()  # type: ignore[union-attr]
     t.check_integrity()
+    del handle, reader  # the last views into the segment: then the kernel frees it
+    gc.collect()
+    assert holders(label) == []
 
 
 PEER = """
 import sys
 from kvstore.tiers.shm import SharedSegment
-name, offset, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-with SharedSegment.attach(name) as seg:
+name, address, offset, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with SharedSegment.attach(name, address) as seg:
     sys.stdout.write(bytes(seg.buffer[offset:offset + length]).hex())
 """
 
@@ -138,8 +140,9 @@ def test_peer_process_reads_located_object(clock: FakeClock) -> None:
         assert location is not None
         name, offset, length = location
         assert (name, offset, length) == (t.segment.name, 128, 1000)
+        address = t.segment.serve()
         proc = subprocess.run(
-            [sys.executable, "-c", PEER, name, str(offset), str(length)],
+            [sys.executable, "-c", PEER, name, address, str(offset), str(length)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -149,13 +152,14 @@ def test_peer_process_reads_located_object(clock: FakeClock) -> None:
         assert t.locate("missing") is None
 
 
-def test_dropped_tier_unlinks_its_segment(clock: FakeClock) -> None:
+def test_dropped_tier_frees_its_segment(clock: FakeClock) -> None:
     t = make_tier(4, clock)
-    path = os.path.join(SHM_DIR, t.segment.name)
-    assert os.path.exists(path)
+    label = t.segment.name
+    t.segment.serve()
+    assert holders(label) == [os.getpid()]
     del t
     gc.collect()
-    assert not os.path.exists(path)
+    assert holders(label) == []  # neither the mapping nor the served fd is left
 
 
 def test_evict_callback_view_dies_after_the_call(tier: DramTier) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
 import sys
 import uuid
@@ -51,8 +49,8 @@ def _start(size: int, seed: int | None, nixl: bool) -> ServerProcess:
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., ServerProcess]]:
-    """Start server processes: serve(size, seed=None, nixl=False); all stopped and their
-    segments unlinked at teardown (also after SIGKILL)."""
+    """Start server processes: serve(size, seed=None, nixl=False); all stopped at
+    teardown (their segments are anonymous: the kernel frees them, SIGKILL included)."""
     started: list[ServerProcess] = []
 
     def start(size: int, seed: int | None = None, nixl: bool = False) -> ServerProcess:
@@ -63,5 +61,3 @@ def serve() -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for server in started:
         server.stop()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"/dev/shm/{server.desc.name}")

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvstore.errors import BadRequestError, NotFoundError, TooLargeError
+from kvstore.errors import BadRequestError, NotFoundError, TooLargeError, UnavailableError
 from kvstore.transfer.base import TransferEngine, TransferOp, TransferRequest, raise_first
 from kvstore.transfer.serve import pattern
 from kvstore.transfer.shm import ShmEngine
@@ -124,8 +124,30 @@ def test_shm_rejects_segments_it_cannot_map(server: ServerProcess) -> None:
             engine.read(replace(server.desc, shm=False), 0, 10, buf)
         with pytest.raises(BadRequestError, match="not a shared segment"):
             engine.read(replace(server.desc, host_id="elsewhere"), 0, 10, buf)
+        with pytest.raises(BadRequestError, match="not a shared segment"):
+            engine.read(replace(server.desc, shm_socket=""), 0, 10, buf)
         with pytest.raises(NotFoundError):
             engine.read(replace(server.desc, name="kvt-missing-seg"), 0, 10, buf)
+        with pytest.raises(UnavailableError):
+            engine.read(replace(server.desc, shm_socket="@kvstore-fd-nobody"), 0, 10, buf)
+
+
+def test_shm_mapping_outlives_a_killed_owner_then_the_segment_is_gone(serve) -> None:
+    server = serve(MiB, seed=SEED)
+    assert server.desc.shm and server.desc.shm_socket.startswith("@")
+    want = pattern(MiB, SEED)
+    with ShmEngine() as engine:
+        local = np.zeros(4096, dtype=np.uint8)
+        buf = engine.register("b", local)
+        engine.read(server.desc, 0, 4096, buf)
+        server.proc.kill()
+        server.proc.wait(10)
+        engine.read(server.desc, 8192, 4096, buf)  # our mapping keeps the memory alive
+        assert np.array_equal(local, want[8192 : 8192 + 4096])
+    with ShmEngine() as engine:  # nobody serves it any more: nothing to map
+        buf = engine.register("b", bytearray(10))
+        with pytest.raises(UnavailableError):
+            engine.read(server.desc, 0, 10, buf)
 
 
 def test_torch_tensor_as_local_buffer_over_tcp(server: ServerProcess) -> None:

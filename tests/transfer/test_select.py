@@ -19,14 +19,20 @@ from .conftest import ServerProcess
 
 HERE = local_host_id()
 META = b"m" * 9
+SOCK = "@kvstore-fd-test"
 
 
 @pytest.mark.parametrize(
     ("desc", "nixl", "kind"),
     [
-        (SegmentDescriptor("s", 8, HERE, "127.0.0.1:1", shm=True, nixl_meta=META), True, "shm"),
         (
-            SegmentDescriptor("s", 8, "far", "10.0.0.2:1", shm=True, nixl_meta=META),
+            SegmentDescriptor("s", 8, HERE, "127.0.0.1:1", True, META, shm_socket=SOCK),
+            True,
+            "shm",
+        ),
+        (SegmentDescriptor("s", 8, HERE, "127.0.0.1:1", shm=True), True, "tcp"),  # no fd socket
+        (
+            SegmentDescriptor("s", 8, "far", "10.0.0.2:1", True, META, shm_socket=SOCK),
             True,
             "nixl",
         ),
