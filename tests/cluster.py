@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,9 +148,17 @@ class Cluster:
 
     # -- nodes ------------------------------------------------------------------
 
-    def start_node(self, dram_bytes: int | None = None, wait: bool = True) -> NodeProcess:
-        """Start one more node; wait until the master lists its segments."""
-        node_id = f"n{len(self.node_procs)}-{self.tag}"
+    def ssd_dir(self, node_id: str) -> Path:
+        """The SSD directory of `node_id` (one per node: a directory records its owner)."""
+        return self.workdir / "ssd" / node_id
+
+    def start_node(
+        self, dram_bytes: int | None = None, wait: bool = True, node_id: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> NodeProcess:  # fmt: skip
+        """Start one more node (or restart `node_id`: same id, same SSD directory); wait
+        until the master lists its segments."""
+        node_id = node_id or f"n{len(self.node_procs)}-{self.tag}"
         dram = self.dram_bytes if dram_bytes is None else dram_bytes
         args = [
             sys.executable, "-m", "kvstore.node", "--master", self.address, "--node-id", node_id,
@@ -159,8 +167,11 @@ class Cluster:
         args += ["--nixl"] if self.nixl else []
         segments = int(dram > 0)
         if self.ssd_bytes:
-            args += ["--ssd-dir", str(self.workdir), "--ssd-mib", str(self.ssd_bytes / (1 << 20))]
+            ssd_dir = self.ssd_dir(node_id)
+            ssd_dir.mkdir(parents=True, exist_ok=True)
+            args += ["--ssd-dir", str(ssd_dir), "--ssd-mib", str(self.ssd_bytes / (1 << 20))]
             segments += 1
+        args += list(extra)
         log = self.workdir / f"{node_id}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=out, env=child_env())

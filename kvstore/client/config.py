@@ -18,6 +18,7 @@ class ClientConfig:
     becomes a node named `client_id`; its puts prefer it). `tenant` namespaces every
     key and group ("<tenant>/<key>" on the wire). `credentials` (grpc.ChannelCredentials)
     makes the master channel secure. `timeout_s` bounds every RPC and every transfer.
+    `checksums` records an xxh3_64 per object at put and verifies it on every read.
     """
 
     master: str
@@ -30,6 +31,11 @@ class ClientConfig:
     timeout_s: float = 10.0
     lease_ttl_s: float = 5.0
     listen_host: str = "127.0.0.1"  # where a contributed segment's TCP endpoint listens
+    # Checksums (xxh3_64): recorded with every put, verified on every read; a replica
+    # that fails is never returned (the next one is tried) and is reported to the
+    # master. `verify_dram` False skips the check for DRAM/HBM replicas only.
+    checksums: bool = True
+    verify_dram: bool = True
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import xxhash
+
 from kvstore.client.context import OpContext, resolve
 from kvstore.client.datapath import Transfer
 from kvstore.client.steps import Io, Op, Rpc
-from kvstore.edge import from_pb_location
-from kvstore.errors import KVStoreError, TransferError
+from kvstore.edge import from_pb_location, to_pb_location
+from kvstore.errors import CorruptError, KVStoreError, TransferError
 from kvstore.rpc_errors import error_for
 from kvstore.transfer.base import TransferOp
 from kvstore.transfer.shm import shm_reachable
-from kvstore.types import Location
+from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
+
+checksum_of = xxhash.xxh3_64_intdigest
 
 # (index, size) -> the view to read exactly `size` bytes into, or that key's error.
 Target = Callable[[int, int], memoryview | KVStoreError]
@@ -45,6 +49,8 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
     found = yield from lookup_op(ctx, keys, lease_ms)
     results: list[int | KVStoreError] = [0] * len(keys)
     pending: dict[int, tuple[list[Location], memoryview]] = {}
+    sums = [res.checksum if ctx.config.checksums else 0 for res in found]
+    corrupt: list[tuple[str, Location]] = []
     for i, res in enumerate(found):
         err = error_for(res.status.code, res.status.message)
         view = err if err is not None else target(i, res.size)
@@ -55,9 +61,30 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
         results[i] = res.size
     attempt = 0
     while pending:
-        yield from _read_round(ctx, pending, attempt, results)
+        bad = yield from _read_round(ctx, pending, attempt, results, sums)
+        corrupt += [(keys[i], loc) for i, loc in bad]
         attempt += 1
+    if corrupt:
+        yield from _report_corrupt(ctx, corrupt)
     return results
+
+
+def _report_corrupt(ctx: OpContext, corrupt: list[tuple[str, Location]]) -> Op[None]:
+    """Tell the master which replicas failed their checksum (best effort)."""
+    request = master_pb2.ReportCorruptRequest(
+        keys=[k for k, _ in corrupt], replicas=[to_pb_location(loc) for _, loc in corrupt]
+    )
+    try:
+        yield Rpc("ReportCorrupt", request)
+    except KVStoreError:
+        return
+
+
+def _verified(ctx: OpContext, view: memoryview, loc: Location, checksum: int) -> bool:
+    """Whether the bytes read from `loc` match the object's checksum (True if unchecked)."""
+    if not checksum or (loc.tier != Tier.SSD and not ctx.config.verify_dram):
+        return True
+    return checksum_of(view) == checksum
 
 
 def _order(ctx: OpContext, replicas: list[Location]) -> list[Location]:
@@ -78,14 +105,16 @@ def _read_round(
     pending: dict[int, tuple[list[Location], memoryview]],
     attempt: int,
     results: list[int | KVStoreError],
-) -> Op[None]:
-    """READ replica `attempt` of every pending key as one batch; settle what is final."""
+    sums: Sequence[int],
+) -> Op[list[tuple[int, Location]]]:
+    """READ replica `attempt` of every pending key as one batch; settle what is final.
+    Returns the (key index, replica) pairs whose bytes failed their checksum."""
     for i in [i for i, (locs, _) in pending.items() if attempt >= len(locs)]:
         if not isinstance(results[i], KVStoreError):
             results[i] = TransferError("object has no readable replica")
         del pending[i]
     if not pending:
-        return
+        return []
     order = list(pending)
     locs = [pending[i][0][attempt] for i in order]
     descs = yield from resolve(ctx, locs, refresh=attempt > 0)
@@ -95,10 +124,17 @@ def _read_round(
             results[i] = TransferError(f"segment {loc.segment!r} of {loc.node_id!r} is gone")
             continue
         transfers.append(Transfer(desc, loc.offset, pending[i][1]))
-        owners.append(i)
+        owners.append((i, loc))
     batch = yield Io(lambda: ctx.data.run(TransferOp.READ, transfers))
-    for i, err in zip(owners, batch.errors, strict=True):
-        if err is None:
-            results[i] = pending.pop(i)[1].nbytes
-        else:
+    bad: list[tuple[int, Location]] = []
+    for (i, loc), err in zip(owners, batch.errors, strict=True):
+        if err is not None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
+        elif _verified(ctx, pending[i][1], loc, sums[i]):
+            results[i] = pending.pop(i)[1].nbytes
+        else:  # never hand back bytes that fail their checksum: try the next replica
+            results[i] = CorruptError(
+                f"the replica in {loc.segment!r} of node {loc.node_id!r} fails its checksum"
+            )
+            bad.append((i, loc))
+    return bad

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import xxhash
+
 from kvstore.client.context import OpContext, resolve
 from kvstore.client.datapath import BatchResult, Transfer
 from kvstore.client.steps import Io, Op, Rpc
@@ -22,6 +24,8 @@ from kvstore.rpc_errors import error_for
 from kvstore.transfer.base import TransferOp
 from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
+
+checksum_of = xxhash.xxh3_64_intdigest
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,8 @@ def put_op(
     ok = [i for i in started if results[i] is None]
     if ok:
         request = master_pb2.PutEndRequest(client_id=ctx.config.id, keys=[keys[i] for i in ok])
+        if ctx.config.checksums:  # readers verify it; SSD replicas are indexed with it
+            request.checksums.extend([checksum_of(views[i]) for i in ok])
         end = yield Rpc("PutEnd", request)
         for i, status in zip(ok, end.results, strict=True):
             results[i] = error_for(status.code, status.message)

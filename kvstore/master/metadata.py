@@ -68,7 +68,7 @@ class MasterState:
         """Register (or re-register) a node. A new `incarnation` of a known node is a
         restarted process: the moves its predecessor had in flight are void."""
         old = self.registry.nodes.get(node_id)
-        if old is not None and old.incarnation and old.incarnation != incarnation:
+        if old is None or old.incarnation != incarnation:
             self.tiering.on_restart(node_id)
         node = self.registry.register(node_id, endpoint, self.clock(), incarnation)
         self.journal.save_node(node)
@@ -307,6 +307,7 @@ class MasterState:
         for node_id in dead:
             for seg in self.registry.segments_of(node_id):
                 self.unmount_segment(node_id, seg.name)
+            self.tiering.on_restart(node_id)  # no FORGET of its index may reach a successor
             self.registry.forget(node_id)
             self.journal.drop_node(node_id)
         self.counters.dead_nodes += len(dead)

@@ -114,9 +114,7 @@ def stats(state: MasterState) -> MasterStats:
     nodes = sorted(reg.nodes.values(), key=lambda n: n.node_id)
     segs = sorted(reg.segments.values(), key=lambda s: (s.node_id, s.name))
     c = state.counters
-    snapshot = Counters(
-        c.hits, c.misses, c.evictions, c.reclaimed_puts, c.dead_nodes, c.dropped_replicas
-    )
+    snapshot = replace(c)
     reports = [_segment_report(state, seg) for seg in segs]
     return MasterStats(
         nodes, reports, len(state.objects), len(state.writing), reg.capacity(), reg.used(), snapshot

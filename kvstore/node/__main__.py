@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dram-mib", type=float, default=64.0, help="DRAM segment size")
     p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file")
     p.add_argument("--ssd-mib", type=float, default=0.0, help="SSD segment size (0 = none)")
+    p.add_argument("--hbm-mib", type=float, default=0.0, help="device memory lent (0 = none)")
+    p.add_argument("--hbm-device", default="cuda", help="torch device of the HBM segment")
+    p.add_argument("--buffered-ssd", action="store_true", help="no O_DIRECT on the SSD slab")
     p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
     p.add_argument("--join-timeout-s", type=float, default=30.0, help="wait for the master")
     p.add_argument(
@@ -45,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat_s=args.heartbeat_s,
         join_timeout_s=args.join_timeout_s,
         nixl=args.nixl,
+        hbm_bytes=int(args.hbm_mib * MIB),
+        hbm_device=args.hbm_device,
+        ssd_direct_io=not args.buffered_ssd,
     )
     run_node(config)
     return 0

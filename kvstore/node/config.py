@@ -20,7 +20,10 @@ class NodeConfig:
     """What a storage node lends to the pool and how it reaches the master.
 
     `heartbeat_s` = 0 uses the interval the master asks for at registration.
-    `ssd_dir` + `ssd_bytes` > 0 add an SSD segment (a preallocated file, mmap'd).
+    `ssd_dir` + `ssd_bytes` > 0 add an SSD segment: the SSD tier's O_DIRECT slab file and
+    RocksDB index in that directory (kvstore.tiers.ssd_segment), restart-safe: a node
+    restarted with the same id and directory re-announces what it holds.
+    `hbm_bytes` > 0 lends device memory of `hbm_device` as an HBM segment.
     `nixl` True also serves the DRAM segment through a NIXL agent (RDMA-capable; the
     start fails if the agent cannot start); None does so when NIXL is installed, with a
     warning if it cannot. Off by default: NIXL's Python API runs its progress thread
@@ -41,6 +44,9 @@ class NodeConfig:
     alignment: int = 0  # allocation alignment the master uses in our segments; 0 = its default
     credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
     nixl: bool | None = False  # serve DRAM by NIXL too: True = must, None = when installed
+    ssd_direct_io: bool = True  # O_DIRECT on the slab (buffered fallback where refused)
+    hbm_bytes: int = 0  # device memory lent as an HBM segment
+    hbm_device: str = "cuda"  # torch device of the HBM segment ("cpu" runs the same path)
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)
@@ -48,11 +54,11 @@ class NodeConfig:
             raise BadRequestError("node_id must be 1..256 characters")
         if not 0 <= self.tcp_port < 65536:
             raise BadRequestError(f"bad tcp_port {self.tcp_port}")
-        if self.dram_bytes < 0 or self.ssd_bytes < 0:
-            raise BadRequestError("dram_bytes and ssd_bytes must be >= 0")
+        if self.dram_bytes < 0 or self.ssd_bytes < 0 or self.hbm_bytes < 0:
+            raise BadRequestError("dram_bytes, ssd_bytes and hbm_bytes must be >= 0")
         if self.ssd_bytes and not self.ssd_dir:
             raise BadRequestError("ssd_bytes > 0 needs ssd_dir")
-        if self.dram_bytes == 0 and self.ssd_bytes == 0:
+        if self.dram_bytes == 0 and self.ssd_bytes == 0 and self.hbm_bytes == 0:
             raise BadRequestError("a node must lend some DRAM or SSD bytes")
         if self.heartbeat_s < 0 or self.join_timeout_s < 0 or self.rpc_timeout_s <= 0:
             raise BadRequestError("heartbeat_s, join_timeout_s must be >= 0, rpc_timeout_s > 0")

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ class MountSpec:
     tier: Tier
     capacity: int
     shm: bool = False
+    alignment: int = 0  # 0 = the membership's (e.g. 4096 for an O_DIRECT SSD slab)
 
 
 class Membership:
@@ -52,6 +53,8 @@ class Membership:
         rpc_timeout_s: float = 5.0,
         heartbeat_s: float = 0.0,
         alignment: int = 0,
+        incarnation: str = "",
+        after_join: Callable[[Callable[[str, Any], Any]], None] | None = None,
     ) -> None:
         self._stub = master_pb2_grpc.MasterStub(channel)
         self.node_id = node_id
@@ -60,6 +63,8 @@ class Membership:
         self._timeout = rpc_timeout_s
         self._heartbeat_s = heartbeat_s
         self._alignment = alignment
+        self._incarnation = incarnation
+        self._after_join = after_join  # e.g. announce a durable segment's objects
         self._interval = heartbeat_s or 1.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,7 +82,9 @@ class Membership:
     def join(self) -> None:
         """Register, drop stale segments of our id, mount ours (raises on failure)."""
         self._joined = False
-        req = master_pb2.RegisterNodeRequest(node_id=self.node_id, endpoint=self._endpoint)
+        req = master_pb2.RegisterNodeRequest(
+            node_id=self.node_id, endpoint=self._endpoint, incarnation=self._incarnation
+        )
         reg = self._call("RegisterNode", req)
         if not self._heartbeat_s and reg.heartbeat_interval_ms:
             self._interval = reg.heartbeat_interval_ms / 1000
@@ -87,9 +94,12 @@ class Membership:
                 "MountSegment",
                 master_pb2.MountSegmentRequest(
                     node_id=self.node_id, segment=spec.name, tier=int(spec.tier),
-                    capacity=spec.capacity, alignment=self._alignment, shm=spec.shm,
+                    capacity=spec.capacity, alignment=spec.alignment or self._alignment,
+                    shm=spec.shm,
                 ),
             )  # fmt: skip
+        if self._after_join is not None:
+            self._after_join(self._call)
         self.epoch = reg.master_epoch
         self.joins += 1
         self._joined = True

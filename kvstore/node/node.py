@@ -14,7 +14,10 @@ import contextlib
 import logging
 import signal
 import threading
+import uuid
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import grpc
 
@@ -22,13 +25,16 @@ from kvstore.edge import sync_channel
 from kvstore.errors import KVStoreError, TransferError
 from kvstore.node.config import NodeConfig
 from kvstore.node.membership import Membership, MountSpec
-from kvstore.node.segments import LocalSegment, create_dram, create_ssd
+from kvstore.node.segments import LocalSegment, create_dram
+from kvstore.node.tasks import TaskWorker
+from kvstore.tiers.hbm_segment import HbmSegment
+from kvstore.tiers.ssd_segment import SsdSegment
 from kvstore.transfer.base import local_host_id
 from kvstore.transfer.nixl import NixlEngine, nixl_available
 from kvstore.transfer.nixl_pool import expose_all
 from kvstore.transfer.tcp_server import ServerConfig, TransferServer
 from kvstore.types import Tier
-from kvstore.v1 import common_pb2
+from kvstore.v1 import common_pb2, master_pb2
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,11 @@ class StorageNode:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.segments: list[LocalSegment] = []
+        self.segments: list[LocalSegment] = []  # DRAM, served as memory
+        self.ssd: SsdSegment | None = None  # the SSD tier's slab + index (restart-safe)
+        self.hbm: HbmSegment | None = None  # device memory (cpu device without a GPU)
+        self.incarnation = uuid.uuid4().hex  # this process's life: the master's moves key
+        self.worker: TaskWorker | None = None
         self.server = TransferServer(ServerConfig(host=config.listen_host, port=config.tcp_port))
         self._channel: grpc.Channel | None = None
         self.membership: Membership | None = None
@@ -62,6 +72,7 @@ class StorageNode:
             self.server.start()
             for seg in self.segments:
                 self.server.expose(seg.name, seg.buffer, shm=seg.shm)
+            self._expose_tiers()
             self._serve_nixl()
             self._join()
         except BaseException:
@@ -73,7 +84,38 @@ class StorageNode:
         if cfg.dram_bytes:
             self.segments.append(create_dram(cfg.node_id, cfg.dram_bytes))
         if cfg.ssd_bytes and cfg.ssd_dir:
-            self.segments.append(create_ssd(cfg.node_id, cfg.ssd_dir, cfg.ssd_bytes))
+            self.ssd = SsdSegment(
+                cfg.ssd_dir, cfg.ssd_bytes, cfg.node_id, direct_io=cfg.ssd_direct_io
+            )
+            survivors = self.ssd.recover()
+            log.info(
+                "node %s: SSD segment %s (%s I/O) reopened with %d objects, %d dropped",
+                cfg.node_id, self.ssd.name, self.ssd.io_mode, len(survivors),
+                self.ssd.dropped_at_open,
+            )  # fmt: skip
+        if cfg.hbm_bytes:
+            name = f"kvs-{cfg.node_id.replace('/', '_')[:160]}-hbm-{self.incarnation[:8]}"
+            self.hbm = HbmSegment(name, cfg.hbm_bytes, cfg.hbm_device)
+
+    def _expose_tiers(self) -> None:
+        """SSD (and device HBM) segments are served through staging, TCP only."""
+        if self.ssd is not None:
+            self.server.expose_store(self.ssd.name, self.ssd)
+        if self.hbm is not None:
+            host = self.hbm.buffer
+            if host is not None:
+                self.server.expose(self.hbm.name, host)
+            else:
+                self.server.expose_store(self.hbm.name, self.hbm)
+
+    def lent(self) -> list[LocalSegment | SsdSegment | HbmSegment]:
+        """Every segment this node lends, fastest tier first."""
+        out: list[LocalSegment | SsdSegment | HbmSegment] = list(self.segments)
+        if self.hbm is not None:
+            out.insert(0, self.hbm)
+        if self.ssd is not None:
+            out.append(self.ssd)
+        return out
 
     def _serve_nixl(self) -> None:
         """Expose the DRAM segments through a NIXL agent (see NodeConfig.nixl)."""
@@ -107,21 +149,55 @@ class StorageNode:
             shm_socket=next((s.shm_socket for s in self.segments if s.shm_socket), ""),
         )  # fmt: skip
         mounts = [MountSpec(s.name, s.tier, s.size, s.shm) for s in self.segments]
+        if self.hbm is not None:
+            mounts.insert(0, MountSpec(self.hbm.name, Tier.HBM, self.hbm.size))
+        if self.ssd is not None:
+            spec = MountSpec(self.ssd.name, Tier.SSD, self.ssd.size, alignment=self.ssd.alignment)
+            mounts.append(spec)
         self.membership = Membership(
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
             heartbeat_s=cfg.heartbeat_s, alignment=cfg.alignment,
+            incarnation=self.incarnation, after_join=self._announce,
         )  # fmt: skip
         self.membership.start(cfg.join_timeout_s)
+        self.worker = TaskWorker(self._channel, cfg.node_id, self.lent(), cfg.rpc_timeout_s)
+        self.worker.start()
+
+    def _announce(self, call: Callable[[str, Any], Any]) -> None:
+        """After each join: list what the SSD index holds; forget what the master refuses."""
+        if self.ssd is None:
+            return
+        objects = [
+            master_pb2.AnnouncedObject(key=k, offset=e.offset, length=e.length, checksum=e.checksum)
+            for k, e in sorted(self.ssd.indexed().items())
+        ]
+        reply = call(
+            "AnnounceObjects",
+            master_pb2.AnnounceObjectsRequest(
+                node_id=self.config.node_id, segment=self.ssd.name, objects=objects,
+                complete=True,
+            ),
+        )  # fmt: skip
+        entries = self.ssd.indexed()
+        for key in reply.refused:
+            if key in entries:
+                self.ssd.forget(key, entries[key].offset)
+        log.info(
+            "node %s announced %d SSD objects: %d adopted, %d known, %d refused",
+            self.config.node_id, len(objects), reply.adopted, reply.known, len(reply.refused),
+        )  # fmt: skip
 
     def stop(self, unmount: bool = True) -> None:
         """Leave the pool (unmount when asked and reachable), stop serving, free segments."""
+        if self.worker is not None:  # first: no FORGET may run while we unmount
+            self.worker.stop()
         if self.membership is not None:
             self.membership.stop(unmount=unmount)
         if self._channel is not None:
             self._channel.close()
         self.server.stop()
         self._close_nixl()  # deregister before the memory is unmapped
-        for seg in self.segments:
+        for seg in self.lent():
             seg.close()
 
     def __enter__(self) -> StorageNode:
@@ -143,7 +219,7 @@ def run_node(config: NodeConfig, ready: threading.Event | None = None) -> None:
     node = StorageNode(config)
     try:
         node.start()
-        names = ",".join(s.name for s in node.segments)
+        names = ",".join(s.name for s in node.lent())
         line = f"kvstore node {config.node_id} ready on {node.endpoint} segments {names}"
         print(line, flush=True)
         if ready is not None:

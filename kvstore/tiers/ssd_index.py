@@ -136,6 +136,14 @@ class SsdIndex:
                 raise _map_error(exc, f"undo of {key!r}") from exc
             self._undo.pop(0)
 
+    def get(self, key: str) -> IndexEntry | None:
+        """The entry of `key`; None when absent or undecodable."""
+        if self._db is None:
+            self._heal()
+        assert self._db is not None
+        raw = self._db.get(key.encode())
+        return None if raw is None else IndexEntry.decode(bytes(raw))
+
     def items(self) -> Iterator[tuple[str, IndexEntry | None]]:
         """Every (key, entry) pair; entry is None for an undecodable value."""
         if self._db is None:

@@ -13,7 +13,9 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
@@ -45,6 +47,20 @@ class ServerConfig:
             raise BadRequestError(f"bad port {self.port}")
         if self.io_timeout <= 0 or self.max_connections <= 0 or self.drain_limit < 0:
             raise BadRequestError("io_timeout and max_connections must be > 0")
+
+
+class RangeStore(Protocol):
+    """A segment served through staging rather than as memory (kvstore.tiers.ssd_segment).
+
+    `read_range` returns a view of exactly `length` bytes and its release callback;
+    `write_range` hands `fill` a view of `length` bytes to fill from the socket,
+    then stores it. Errors raised by `write_range` after `fill` ran carry
+    `payload_consumed = True`."""
+
+    @property
+    def nbytes(self) -> int: ...
+    def read_range(self, offset: int, length: int) -> tuple[memoryview, Callable[[], None]]: ...
+    def write_range(self, offset: int, length: int, fill: Callable[[memoryview], None]) -> None: ...
 
 
 class _CloseConnection(Exception):
@@ -96,10 +112,10 @@ class TransferServer:
             sock = self._shm.get(name)
         if view is None:
             raise NotFoundError(f"segment {name!r} not exposed")
+        host, endpoint = local_host_id(), self._endpoint
         return SegmentDescriptor(
-            name, view.nbytes, local_host_id(), self._endpoint, shm=sock is not None,
-            shm_socket=sock or "",
-        )  # fmt: skip
+            name, view.nbytes, host, endpoint, sock is not None, b"", sock or ""
+        )
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -228,13 +244,53 @@ class TransferServer:
         except KVStoreError as e:
             self._reject(conn, op, req_id, length, e)
             return
+        if not isinstance(target, memoryview):
+            self._serve_store(conn, op, req_id, target, offset, length)
+            return
         if op == TransferOp.READ:
             wire.send_with_header(conn, wire.pack_response(wire.Status.OK, req_id, length), target)
         else:
             wire.recv_into_exact(conn, target)
             conn.sendall(wire.pack_response(wire.Status.OK, req_id, 0))
 
-    def _target(self, name: str, offset: int, length: int) -> memoryview:
+    def _serve_store(
+        self, conn: socket.socket, op: int, req_id: int, store: RangeStore, offset: int,
+        length: int,
+    ) -> None:  # fmt: skip
+        """A segment that is not plain memory (an SSD slab, device memory): the store
+        stages the range; an error before the payload moves is a normal reject."""
+        if op == TransferOp.READ:
+            try:
+                view, release = store.read_range(offset, length)
+            except KVStoreError as e:
+                conn.sendall(wire.pack_error(req_id, e))
+                return
+            try:
+                header = wire.pack_response(wire.Status.OK, req_id, length)
+                wire.send_with_header(conn, header, view)
+            finally:
+                release()
+            return
+        try:
+            store.write_range(offset, length, lambda dst: wire.recv_into_exact(conn, dst))
+        except KVStoreError as e:
+            if not getattr(e, "payload_consumed", False):
+                self._reject(conn, op, req_id, length, e)
+                return
+            conn.sendall(wire.pack_error(req_id, e))
+            return
+        conn.sendall(wire.pack_response(wire.Status.OK, req_id, 0))
+
+    def expose_store(self, name: str, store: RangeStore) -> SegmentDescriptor:
+        """Serve a `RangeStore` (e.g. an SSD segment) as segment `name`, TCP only."""
+        with self._lock:
+            if check_name(name) in self._segments:
+                raise BadRequestError(f"segment {name!r} already exposed")
+            self._segments[name] = store  # type: ignore[assignment]
+            self._shm[name] = None
+        return self.descriptor(name)
+
+    def _target(self, name: str, offset: int, length: int) -> memoryview | RangeStore:
         with self._lock:
             view = self._segments.get(name)
         if view is None:
@@ -243,6 +299,8 @@ class TransferServer:
             raise BadRequestError(
                 f"range [{offset}, +{length}) outside segment {name!r} of {view.nbytes} bytes"
             )
+        if not isinstance(view, memoryview):
+            return view  # a RangeStore checks the rest itself
         return view[offset : offset + length]
 
     def _reject(

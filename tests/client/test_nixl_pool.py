@@ -18,7 +18,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.directory import SegmentDirectory
-from kvstore.errors import BadRequestError
+from kvstore.errors import BadRequestError, CorruptError, NotFoundError
 from kvstore.node.config import NodeConfig
 from kvstore.node.node import StorageNode
 from kvstore.transfer.base import TransferOp, TransferRequest
@@ -129,7 +129,13 @@ def test_auto_picks_nixl_for_a_segment_on_another_host(cluster, fresh) -> None:
             assert engine.submit([write]).wait(20) == [None]  # in place, same length
             assert set(engine._engines) == {"nixl"}
         assert back.tobytes() == value
-        assert tcp.get(key) == new.tobytes()
+        # The raw WRITE bypassed the put path: its bytes fail the object's checksum and are
+        # never served; the reader reports the replica, which the master drops.
+        with pytest.raises(CorruptError):
+            tcp.get(key)
+        assert cluster.stats().corrupt_replicas >= 1
+        with pytest.raises(NotFoundError):
+            tcp.get(key)
 
 
 @needs_nixl

@@ -19,7 +19,7 @@ from kvstore.errors import BadRequestError, UnavailableError
 from kvstore.master.server import grpc_options
 from kvstore.node import NodeConfig, StorageNode
 from kvstore.node.__main__ import build_parser
-from kvstore.node.segments import create_dram, create_ssd
+from kvstore.node.segments import create_dram
 from kvstore.transfer.tcp import TcpEngine
 from kvstore.types import Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
@@ -64,21 +64,15 @@ def test_cli_arguments_map_to_config() -> None:
     assert (args.master, args.dram_mib, args.ssd_mib, args.port) == ("h:1", 2.0, 0.5, 0)
 
 
-def test_dram_and_ssd_segments_are_files_that_go_away(tmp_path: Path) -> None:
+def test_dram_segment_is_anonymous_and_goes_away() -> None:
     dram = create_dram("t/1", 1 << 16)
-    ssd = create_ssd("t/1", str(tmp_path), 1 << 16)
     try:
         assert (dram.tier, dram.shm, dram.size) == (Tier.DRAM, True, 1 << 16)
-        assert (ssd.tier, ssd.shm, ssd.size) == (Tier.SSD, False, 1 << 16)
         assert "/" not in dram.name and dram.shm_socket.startswith("@")
         assert holders(dram.name) == [os.getpid()] and shm_files(dram.name) == []  # anonymous
-        ssd.buffer[100:105] = b"hello"
-        path = tmp_path / f"{ssd.name}.seg"
-        assert path.read_bytes()[100:105] == b"hello"  # shared mapping of the file
     finally:
         dram.close()
-        ssd.close()
-    assert holders(dram.name) == [] and not path.exists()  # the kernel freed the memory
+    assert holders(dram.name) == []  # the kernel freed the memory
     dram.close()  # idempotent
 
 
@@ -90,7 +84,7 @@ def test_node_joins_serves_and_leaves(master: Cluster, tmp_path: Path) -> None:
     node = StorageNode(cfg)
     node.start()
     try:
-        dram, ssd = node.segments
+        dram, ssd = node.lent()
         assert _segments(master, "inproc") == {
             dram.name: (Tier.DRAM, 1 << 20),
             ssd.name: (Tier.SSD, 1 << 19),
@@ -101,10 +95,18 @@ def test_node_joins_serves_and_leaves(master: Cluster, tmp_path: Path) -> None:
         assert listed[0].endpoint.tcp_address == node.endpoint
         assert listed[0].endpoint.shm_socket == dram.shm_socket != ""
         data = np.frombuffer(os.urandom(5000), dtype=np.uint8).copy()
-        with TcpEngine() as engine:  # a one-sided WRITE lands in the node's memory
-            local = engine.register("src", data)
-            engine.write(node.server.descriptor(ssd.name), 1000, 5000, local, timeout=5)
-        assert bytes(ssd.buffer[1000:6000]) == data.tobytes()
+        back = np.zeros(5000, dtype=np.uint8)
+        with TcpEngine() as engine:  # a one-sided WRITE lands in the node's slab file
+            local, out = engine.register("src", data), engine.register("dst", back)
+            desc = node.server.descriptor(ssd.name)
+            engine.write(desc, 4096, 5000, local, timeout=5)
+            with open(tmp_path / "slab.dat", "rb") as f:
+                f.seek(4096)
+                assert f.read(5000) == data.tobytes()
+            engine.read(desc, 4096, 5000, out, timeout=5)  # and reads back through O_DIRECT
+            assert back.tobytes() == data.tobytes()
+            with pytest.raises(BadRequestError, match="multiple of 4096"):
+                engine.write(desc, 1000, 5000, local, timeout=5)  # not a range it could own
     finally:
         node.stop()
     assert _segments(master, "inproc") == {}
@@ -123,7 +125,7 @@ def test_stale_segments_of_the_same_id_are_dropped(master: Cluster) -> None:
         )
     assert "ghost" in _segments(master, "again")
     with StorageNode(NodeConfig(master=master.address, node_id="again", dram_bytes=1 << 16)) as n:
-        assert list(_segments(master, "again")) == [n.segments[0].name]
+        assert list(_segments(master, "again")) == [n.lent()[0].name]
 
 
 @pytest.mark.slow

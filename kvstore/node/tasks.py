@@ -1,0 +1,179 @@
+"""The node side of tier moves: long-poll the master for tasks, run them locally.
+
+Each task moves bytes between two of this node's own segments (see
+kvstore.master.tiering): COPY src -> dst (offload DRAM -> SSD, promotion
+SSD -> DRAM, HBM <-> DRAM), PERSIST (record a put's SSD replica in the index) or
+FORGET (drop one from it). Bytes are checksummed on the way; a source whose bytes
+fail the object's checksum is reported CORRUPT and nothing is written to the
+index. One thread, one task at a time: the master paces how many bytes it hands
+out, so background moves stay within their budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from kvstore.errors import CorruptError, KVStoreError, NotFoundError, UnavailableError
+from kvstore.rpc_errors import code_for, raise_from_rpc_error
+from kvstore.tiers.direct_io import copy_bytes
+from kvstore.tiers.hbm_segment import HbmSegment
+from kvstore.tiers.ssd_index import checksum_of
+from kvstore.tiers.ssd_segment import SsdSegment
+from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 1000
+MAX_TASKS = 16
+Release = Callable[[], None]
+
+
+class TaskWorker:
+    """Runs the master's moves on this node's `segments` (objects with `name`)."""
+
+    def __init__(
+        self, channel: grpc.Channel, node_id: str, segments: Sequence[Any], rpc_timeout_s: float
+    ) -> None:
+        self._stub = master_pb2_grpc.MasterStub(channel)
+        self.node_id = node_id
+        self._segments = {s.name: s for s in segments}
+        self._timeout = rpc_timeout_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._call: Any = None  # the long poll in flight (a grpc future)
+        self.done = 0  # tasks completed (ok or failed): for tests and logs
+        self.failed = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._loop, name=f"kvstore-tasks-{self.node_id}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the task in hand (its result is not reported: the master's
+        incarnation check or node TTL voids it)."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()  # end the long poll now rather than at its timeout
+        if self._thread is not None:
+            self._thread.join(self._timeout + POLL_MS / 1000 + 1)
+
+    def _loop(self) -> None:
+        results: list[master_pb2.TaskResult] = []
+        pause = self._stop.wait
+        while not self._stop.is_set():
+            try:
+                tasks = self._poll(results)
+            except KVStoreError as exc:  # master away or restarting: retry, keep results
+                log.debug("task poll of %s failed: %s", self.node_id, exc)
+                if pause(0.5):
+                    return
+                continue
+            results = []
+            for task in tasks:
+                if self._stop.is_set():
+                    return
+                results.append(self.run(task))
+
+    def _poll(self, results: list[master_pb2.TaskResult]) -> list[master_pb2.NodeTask]:
+        request = master_pb2.NodeTasksRequest(
+            node_id=self.node_id, done=results, wait_ms=POLL_MS, max_tasks=MAX_TASKS
+        )
+        try:
+            call = self._stub.NodeTasks.future(request, timeout=self._timeout + POLL_MS / 1000)
+            self._call = call
+            if self._stop.is_set():  # stop() ran between the check and the call
+                call.cancel()
+            reply = call.result()
+        except grpc.FutureCancelledError as err:
+            raise UnavailableError("stopped") from err
+        except grpc.RpcError as err:
+            raise_from_rpc_error(err)
+        except ValueError as err:  # the channel was closed under us (stop)
+            raise UnavailableError(str(err)) from err
+        return list(reply.tasks)
+
+    # ---- one task -----------------------------------------------------------------
+
+    def run(self, task: master_pb2.NodeTask) -> master_pb2.TaskResult:
+        """Execute one task; its result (an error status rather than an exception)."""
+        result = master_pb2.TaskResult(task_id=task.task_id)
+        try:
+            result.checksum = self._execute(task)
+        except KVStoreError as exc:
+            self.failed += 1
+            result.status.code = code_for(exc)
+            result.status.message = str(exc)
+            log.warning("task %d (%s) on %s failed: %s", task.task_id, task.key, self.node_id, exc)
+        except OSError as exc:
+            self.failed += 1
+            result.status.code = code_for(UnavailableError(str(exc)))
+            result.status.message = str(exc)
+        self.done += 1
+        return result
+
+    def _execute(self, task: master_pb2.NodeTask) -> int:
+        dst = self._segment(task.dst)
+        if task.kind == master_pb2.TASK_KIND_FORGET:
+            if isinstance(dst, SsdSegment):
+                dst.forget(task.key, task.dst.offset)
+            return 0
+        if task.kind == master_pb2.TASK_KIND_PERSIST:
+            if not isinstance(dst, SsdSegment):
+                return task.checksum
+            return dst.persist(task.key, task.dst.offset, task.dst.length, task.checksum)
+        return self._copy(task, self._segment(task.src), dst)
+
+    def _copy(self, task: master_pb2.NodeTask, src: Any, dst: Any) -> int:
+        view, release = _read(src, task.src)
+        try:
+            checksum = checksum_of(view)
+            if task.checksum and checksum != task.checksum:
+                raise CorruptError(
+                    f"{task.key!r}: source bytes in {task.src.segment!r} fail their checksum"
+                )
+            _write(dst, task.dst, view)
+        finally:
+            release()
+        if isinstance(dst, SsdSegment):  # listed only once indexed: restart-safe
+            dst.persist(task.key, task.dst.offset, task.dst.length, checksum)
+        return checksum
+
+    def _segment(self, loc: common_pb2.Location) -> Any:
+        seg = self._segments.get(loc.segment)
+        if seg is None or loc.node_id != self.node_id:
+            raise NotFoundError(f"segment {loc.segment!r} is not lent by {self.node_id!r}")
+        return seg
+
+
+def _read(seg: Any, loc: common_pb2.Location) -> tuple[memoryview, Release]:
+    """The bytes at `loc` as host memory (a slice of memory, or staged)."""
+    if isinstance(seg, SsdSegment) or (isinstance(seg, HbmSegment) and seg.buffer is None):
+        return seg.read_range(loc.offset, loc.length)
+    buffer = seg.buffer
+    _check(buffer, loc)
+    return buffer[loc.offset : loc.offset + loc.length], lambda: None
+
+
+def _write(seg: Any, loc: common_pb2.Location, data: memoryview) -> None:
+    if isinstance(seg, SsdSegment):
+        seg.write_from(loc.offset, data)
+        return
+    if isinstance(seg, HbmSegment) and seg.buffer is None:
+        seg.write_range(loc.offset, loc.length, lambda out: copy_bytes(out, data))
+        return
+    buffer = seg.buffer
+    _check(buffer, loc)
+    copy_bytes(buffer[loc.offset : loc.offset + loc.length], data)
+
+
+def _check(buffer: memoryview, loc: common_pb2.Location) -> None:
+    if loc.offset + loc.length > buffer.nbytes:
+        raise NotFoundError(f"range [{loc.offset}, +{loc.length}) is outside {loc.segment!r}")
