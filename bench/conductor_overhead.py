@@ -8,6 +8,12 @@ each with a fresh random prompt (no prefix hit favours either path). The conduct
 extra work: tokenizing and hashing the prompt, a MatchPrefix on the master, the
 policy, and relaying every token through one more gRPC hop.
 
+A third path, `client`, is what `kvstore generate` runs: kvstore.ConductorClient's
+stream. Its TTFT (call to first text chunk, client clock) is set against the
+conductor's own TTFT for the same request (`RequestTimings.ttft_s`: arrival at the
+conductor to first token relayed): the client's share of the time to first token.
+The target: client TTFT <= 1.2x the conductor's own, 256-token prompts.
+
     python bench/conductor_overhead.py [--quick] [--json] [--model tiny|small]
 """
 
@@ -27,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
 
+from kvstore.client.conductor import ConductorClient
 from kvstore.serving.client import ServingClient, make_spec
 from kvstore.serving_bench.launch import Launcher, serving_argv, storage_argv
 from kvstore.v1 import conductor_pb2 as cpb
@@ -41,6 +48,7 @@ class Samples:
     ttft: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
     route: list[float] = field(default_factory=list)
+    server_ttft: list[float] = field(default_factory=list)  # the conductor's own measure
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,22 +104,46 @@ def conducted(
     return tokens
 
 
+def via_client(client: ConductorClient, spec: spb.GenerationSpec, out: Samples) -> list[int]:
+    """`kvstore generate`'s path: ConductorClient.stream (token ids in, text out)."""
+    start = time.perf_counter()
+    tokens: list[int] = []
+    timings = None
+    for chunk in client.stream(list(spec.prompt_token_ids), max_tokens=spec.max_tokens):
+        if not tokens and chunk.token_ids:
+            out.ttft.append(time.perf_counter() - start)
+        tokens.extend(chunk.token_ids)
+        timings = chunk.timings or timings
+    out.total.append(time.perf_counter() - start)
+    assert timings is not None
+    out.route.append(timings.route_s)
+    out.server_ttft.append(timings.ttft_s)
+    return tokens
+
+
 def measure(addresses: tuple[str, str, str], model: str, sizes: Sizes) -> dict[str, Samples]:
     prefill, decode, conductor = addresses
     rng = random.Random(0)
-    results = {"direct": Samples(), "conductor": Samples()}
+    results = {"direct": Samples(), "conductor": Samples(), "client": Samples()}
+    paths = ("direct", "conductor", "client")
     with (
         ServingClient(prefill=prefill, decode=decode, timeout_s=120) as client,
         grpc.insecure_channel(conductor) as channel,
+        ConductorClient(conductor, model=model, deadline_s=120) as cclient,
     ):
         stub = conductor_pb2_grpc.ConductorStub(channel)
         for i in range(sizes.warmup + sizes.requests):
             keep = i >= sizes.warmup
-            for path in ("direct", "conductor") if i % 2 == 0 else ("conductor", "direct"):
+            for path in paths[i % 3 :] + paths[: i % 3]:  # rotate the order
                 prompt = [rng.randrange(1, 250) for _ in range(sizes.prompt_tokens)]
                 spec = make_spec(f"{path}-{i}", prompt, sizes.max_tokens, model_id=model)
                 out = results[path] if keep else Samples()
-                got = direct(client, spec, out) if path == "direct" else conducted(stub, spec, out)
+                if path == "direct":
+                    got = direct(client, spec, out)
+                elif path == "conductor":
+                    got = conducted(stub, spec, out)
+                else:
+                    got = via_client(cclient, spec, out)
                 assert len(got) == sizes.max_tokens, (path, len(got))
     return results
 
@@ -121,7 +153,7 @@ def p50(values: list[float]) -> float:
 
 
 def report(results: dict[str, Samples], sizes: Sizes, model: str) -> dict[str, object]:
-    d, c = results["direct"], results["conductor"]
+    d, c, k = results["direct"], results["conductor"], results["client"]
     return {
         "bench": "conductor_overhead",
         "model": model,
@@ -134,6 +166,17 @@ def report(results: dict[str, Samples], sizes: Sizes, model: str) -> dict[str, o
             "total_p50_s": p50(c.total),
             "route_p50_s": p50(c.route),
         },
+        "client": {
+            "ttft_p50_s": p50(k.ttft),
+            "total_p50_s": p50(k.total),
+            "conductor_own_ttft_p50_s": p50(k.server_ttft),
+        },
+        # per request: the client's TTFT over the conductor's own, then the median
+        "client_vs_conductor_ttft_ratio": statistics.median(
+            a / b for a, b in zip(k.ttft, k.server_ttft, strict=True) if b > 0
+        )
+        if k.ttft
+        else 0.0,
         "ttft_ratio": p50(c.ttft) / p50(d.ttft),
         "total_ratio": p50(c.total) / p50(d.total),
         "ttft_overhead_ms": (p50(c.ttft) - p50(d.ttft)) * 1000,
@@ -142,8 +185,8 @@ def report(results: dict[str, Samples], sizes: Sizes, model: str) -> dict[str, o
 
 
 def table(rep: dict[str, object]) -> str:
-    d, c = rep["direct"], rep["conductor"]
-    assert isinstance(d, dict) and isinstance(c, dict)
+    d, c, k = rep["direct"], rep["conductor"], rep["client"]
+    assert isinstance(d, dict) and isinstance(c, dict) and isinstance(k, dict)
     lines = [
         f"conductor overhead: {rep['requests']} requests per path, model {rep['model']}, "
         f"{rep['prompt_tokens']}-token prompts, {rep['max_tokens']} new tokens, one at a time",
@@ -151,6 +194,10 @@ def table(rep: dict[str, object]) -> str:
         f"{'direct':<10} {d['ttft_p50_s'] * 1e3:>12.2f} {d['total_p50_s'] * 1e3:>13.2f} {'-':>13}",
         f"{'conductor':<10} {c['ttft_p50_s'] * 1e3:>12.2f} {c['total_p50_s'] * 1e3:>13.2f} "
         f"{c['route_p50_s'] * 1e3:>13.2f}",
+        f"{'client':<10} {k['ttft_p50_s'] * 1e3:>12.2f} {k['total_p50_s'] * 1e3:>13.2f} "
+        f"{'-':>13}   (conductor's own TTFT p50 {k['conductor_own_ttft_p50_s'] * 1e3:.2f} ms)",
+        f"kvstore generate path: client TTFT / conductor's own TTFT "
+        f"{rep['client_vs_conductor_ttft_ratio']:.3f}x (target <= 1.2x)",
         f"ratio conductor/direct: TTFT {rep['ttft_ratio']:.3f}x "
         f"(+{rep['ttft_overhead_ms']:.2f} ms), total {rep['total_ratio']:.3f}x "
         f"(+{rep['total_overhead_ms']:.2f} ms)",
@@ -164,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--model", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--requests", type=int, default=0, help="per path (default 40, quick 8)")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
     args = parser.parse_args(argv)
     sizes = Sizes(
         requests=args.requests or (8 if args.quick else 40),
-        prompt_tokens=64 if args.quick else 128,
+        prompt_tokens=args.prompt_tokens,
         max_tokens=8 if args.quick else 16,
     )
     with (

@@ -18,9 +18,14 @@ from kvstore.types import BlockHash, Location, ObjectKey, Tier
 # The pool client pulls in grpc: load it on first use, so `import kvstore.tiers`
 # (and the grpc-free conductor and simulator) stay light.
 _LAZY = {"Client", "AsyncClient", "ClientConfig", "PrefixMatchResult"}
+_LAZY_CONDUCTOR = {"ConductorClient", "AsyncConductorClient"}
 
 
 def __getattr__(name: str) -> object:
+    if name in _LAZY_CONDUCTOR:
+        from kvstore.client import conductor
+
+        return getattr(conductor, name)
     if name in _LAZY:
         from kvstore import client
 
@@ -30,10 +35,12 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AsyncClient",
+    "AsyncConductorClient",
     "BadRequestError",
     "BlockHash",
     "Client",
     "ClientConfig",
+    "ConductorClient",
     "CorruptError",
     "ExistsError",
     "KVStoreError",

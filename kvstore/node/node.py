@@ -218,7 +218,11 @@ def run_node(config: NodeConfig, ready: threading.Event | None = None) -> None:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     node = StorageNode(config)
     try:
-        node.start()
+        node.start()  # on failure it has stopped itself: stopping it again would call a
+    except BaseException:  # closed channel ("Cannot invoke RPC on closed channel")
+        _restore(previous)
+        raise
+    try:
         names = ",".join(s.name for s in node.lent())
         line = f"kvstore node {config.node_id} ready on {node.endpoint} segments {names}"
         print(line, flush=True)
@@ -227,6 +231,10 @@ def run_node(config: NodeConfig, ready: threading.Event | None = None) -> None:
         stop.wait()
     finally:
         node.stop()
-        for sig, handler in previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(sig, handler)
+        _restore(previous)
+
+
+def _restore(previous: dict[signal.Signals, object]) -> None:
+    for sig, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(sig, handler)  # type: ignore[arg-type]

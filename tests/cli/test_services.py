@@ -73,10 +73,53 @@ def test_master_node_tiers(tmp_path: Path) -> None:
 
 def test_tiers_without_master_fails_cleanly() -> None:
     res = run("tiers", "--master", "127.0.0.1:1", "--timeout-s", "1")
-    assert res.returncode == 2
-    assert res.stderr.strip() == "kvstore tiers: master 127.0.0.1:1: UNAVAILABLE"
+    assert res.returncode == 4  # cli/errors.py: unavailable
+    assert res.stderr.strip() == (
+        "kvstore tiers: master 127.0.0.1:1 unavailable (UNAVAILABLE, deadline 1 s)"
+    )
 
 
 def test_bad_listen_address_is_rejected() -> None:
     res = run("node", "--master", "127.0.0.1:1", "--listen", "nohostport")
     assert res.returncode != 0 and "bad --listen 'nohostport'" in res.stderr
+
+
+def test_node_with_missing_ssd_dir_is_one_line(tmp_path: Path) -> None:
+    res = run(
+        "node", "--master", "127.0.0.1:1", "--ssd-dir", str(tmp_path / "no"), "--ssd-mib", "1"
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert (
+        res.stderr.strip() == f"kvstore node: --ssd-dir {str(tmp_path / 'no')!r} is not a directory"
+    )
+
+
+def test_master_port_in_use_is_one_line_unavailable() -> None:
+    with service("master", "--listen", "127.0.0.1:0") as (_, ready):
+        address = ready.split()[4]
+        res = run("master", "--listen", address)
+    assert res.returncode == 4 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith(f"kvstore master: cannot listen on '{address}' (in use?)")
+
+
+def test_node_that_cannot_reach_its_master_is_one_line() -> None:
+    res = run("node", "--master", "127.0.0.1:1", "--dram-mib", "1", timeout_s=60)
+    assert res.returncode == 4, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_master_from_config_file_with_metrics(tmp_path: Path) -> None:
+    cfg = tmp_path / "kvstore.toml"
+    cfg.write_text('[master]\nlisten = "127.0.0.1:0"\nnode_ttl_s = 7.0\n')
+    args = ("master", "--config", str(cfg), "--metrics-listen", "127.0.0.1:0")
+    with service(*args) as (_, ready):
+        words = ready.split()
+        assert words[:4] == ["kvstore", "master", "listening", "on"] and words[7] == "metrics"
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{words[8]}/metrics", timeout=5) as resp:
+            assert b"kvstore_pool_capacity_bytes" in resp.read()
+    res = run("config", "show", "master", "--config", str(cfg), "--json")
+    doc = json.loads(res.stdout)["master"]
+    assert doc["node_ttl_s"] == {"value": 7.0, "source": f"{cfg}:3"}
+    assert doc["put_timeout_s"]["source"] == "default"
