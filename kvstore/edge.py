@@ -144,9 +144,12 @@ async def start_server(
     one). `metrics_listen` None reads KVSTORE_METRICS_LISTEN ("" or unset: no /metrics)."""
     from kvstore import metrics
 
-    rpc_metrics = metrics.RpcMetrics(component or (service_names[0] if service_names else ""))
+    name = component or (service_names[0] if service_names else "")
+    rpc_metrics = metrics.RpcMetrics(name)
+    token_metrics = metrics.ServingMetrics(name)
     server = grpc.aio.server(
-        options=channel_options(max_message_bytes), interceptors=[_Timing(rpc_metrics)]
+        options=channel_options(max_message_bytes),
+        interceptors=[_Timing(rpc_metrics, token_metrics)],
     )
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
@@ -154,7 +157,7 @@ async def start_server(
     names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
     port = _bind(server, listen, credentials)
-    endpoint = _metrics_endpoint(metrics_listen, [rpc_metrics, *collectors])
+    endpoint = _metrics_endpoint(metrics_listen, [rpc_metrics, token_metrics, *collectors])
     try:
         await server.start()
     except BaseException:
@@ -191,10 +194,13 @@ def _metrics_endpoint(listen: str | None, collectors: Sequence[Any]) -> Any:
 
 
 class _Timing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Times every unary and server-streaming call into an RpcMetrics histogram."""
+    """Times every unary and server-streaming call into an RpcMetrics histogram; a stream
+    whose messages carry `token_ids` (Generate, Decode) also feeds TTFT (call start to the
+    first token sent) and TBT (gap between messages, split evenly over their tokens)."""
 
-    def __init__(self, rpc_metrics: Any) -> None:
+    def __init__(self, rpc_metrics: Any, token_metrics: Any) -> None:
         self.metrics = rpc_metrics
+        self.tokens = token_metrics
 
     async def intercept_service(
         self,
@@ -234,12 +240,27 @@ class _Timing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _stream(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         observe = self.metrics.observe
 
+        tokens = self.tokens
+
         async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = time.perf_counter()
+            started = last = time.perf_counter()
+            ttft = -1.0
+            gaps: list[float] = []
             try:
                 async for item in behavior(request, context):
+                    n = len(getattr(item, "token_ids", ()))
+                    if n:
+                        now = time.perf_counter()
+                        if ttft < 0:
+                            ttft = now - started
+                            gaps += [0.0] * (n - 1)
+                        else:
+                            gaps += [(now - last) / n] * n
+                        last = now
                     yield item
             finally:
                 observe(method, time.perf_counter() - started, context)
+                if ttft >= 0:
+                    tokens.observe_gaps(ttft, gaps)
 
         return timed

@@ -92,6 +92,13 @@ class ServingMetrics:
         for a, b in itertools.pairwise(token_times_s):
             self.tbt.labels(self.component).observe(max(0.0, b - a))
 
+    def observe_gaps(self, ttft_s: float, gaps_s: Sequence[float]) -> None:
+        """One stream: its TTFT and the time between its tokens."""
+        self.ttft.labels(self.component).observe(ttft_s)
+        tbt = self.tbt.labels(self.component)
+        for gap in gaps_s:
+            tbt.observe(gap)
+
     def collect(self) -> Iterator[Metric]:
         yield from self.ttft.collect()
         yield from self.tbt.collect()

@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvstore import edge
 from kvstore.conductor.api import Role
 from kvstore.conductor.identity import IdentityBook, KeyIdentity
 from kvstore.conductor.ledger import NodeInfo
@@ -229,19 +229,16 @@ async def start(config: ConductorConfig) -> ConductorServer:
         master = master_pb2_grpc.MasterStub(master_channel)
     servicer = ConductorServicer(config, directory, master)
     servicer.warm_up()
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    conductor_pb2_grpc.add_ConductorServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(config.listen)
-    if port == 0:
-        raise BadRequestError(f"cannot listen on {config.listen!r}")
-    await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    # kvstore.edge: health, reflection, RPC latency + TTFT/TBT histograms, and /metrics
+    # when KVSTORE_METRICS_LISTEN is set
+    started = await edge.start_server(
+        config.listen,
+        lambda s: conductor_pb2_grpc.add_ConductorServicer_to_server(servicer, s),
+        [SERVICE_NAME],
+        component="conductor",
+    )
     refresher = asyncio.create_task(_refresh_forever(directory, config.refresh_s))
-    address = f"{config.listen.rsplit(':', 1)[0]}:{port}"
-    return ConductorServer(server, address, directory, master_channel, refresher)
+    return ConductorServer(started.server, started.address, directory, master_channel, refresher)
 
 
 async def _refresh_forever(directory: NodeDirectory, every_s: float) -> None:

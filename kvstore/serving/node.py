@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.errors import KVStoreError
 from kvstore.rpc_errors import status_for
 from kvstore.serving.config import MODELS, ProcessConfig, ServingConfig, parse_cpus
 from kvstore.serving.store import BlockStore, LocalBlockStore, PoolBlockStore
@@ -120,26 +119,22 @@ def identity_stats(config: ServingConfig, pool_segment: bool) -> pb.ServingStats
 
 @dataclass(slots=True)
 class NodeServer:
-    """A started gRPC server and its address."""
+    """A started gRPC server and its address (and /metrics, see kvstore.edge)."""
 
     server: grpc.aio.Server
     address: str
+    edge: Any = None
 
 
 async def start_server(
     listen: str, add_servicers: Callable[[grpc.aio.Server], None], service_names: list[str]
 ) -> NodeServer:
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    add_servicers(server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(listen)
-    if port == 0:
-        raise BadRequestError(f"cannot listen on {listen!r}")
-    await server.start()
-    for name in ["", *service_names]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return NodeServer(server, f"{listen.rsplit(':', 1)[0]}:{port}")
+    """Serve through kvstore.edge: health, reflection, RPC latency and TTFT/TBT histograms,
+    /metrics when KVSTORE_METRICS_LISTEN is set."""
+    from kvstore import edge
+
+    started = await edge.start_server(listen, add_servicers, service_names)
+    return NodeServer(started.server, started.address, started)
 
 
 def run_node(main: Callable[[], Any]) -> None:
