@@ -9,6 +9,10 @@ conductor reads each node's `KeyIdentity` from its Stats, pins one per model (th
 operator's explicit overrides, else the first node accepted, in command-line
 order) and refuses a node whose identity differs: its blocks could never be
 shared with the others'.
+
+The hash namespace is computed here from the identity alone (`kvstore.hashing`), the
+same bytes as `kvstore.serving.config.namespace`, so that hashing a prompt imports
+no torch (tests/conductor/test_boundary.py compares the two).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 
 from kvstore.errors import BadRequestError
-from kvstore.hashing import block_hashes
+from kvstore.hashing import block_hashes, make_namespace
 from kvstore.types import block_key
 
 KV_OBJECTS = ("layer", "block")
@@ -34,6 +38,7 @@ class KeyIdentity:
     num_layers: int
     block_tokens: int
     kv_objects: str
+    kv_dtype: str  # the KV element type ("float32", "bfloat16", ...)
 
     def __post_init__(self) -> None:
         if not self.model_id or self.seed < 0:
@@ -42,10 +47,14 @@ class KeyIdentity:
             raise BadRequestError(f"bad identity {self}: num_layers and block_tokens must be > 0")
         if self.kv_objects not in KV_OBJECTS:
             raise BadRequestError(f"bad identity {self}: kv_objects must be one of {KV_OBJECTS}")
+        if not self.kv_dtype:
+            raise BadRequestError(f"bad identity {self}: empty kv_dtype")
 
     def hashes(self, tokens: Sequence[int]) -> list[bytes]:
         """The prompt's chained full-block hashes, as its prefill node computes them."""
-        ns = _namespace(self.model_id, self.seed, self.block_tokens, self.batch_invariant)
+        ns = namespace(
+            self.model_id, self.seed, self.block_tokens, self.batch_invariant, self.kv_dtype
+        )
         return block_hashes(tokens, self.block_tokens, ns)
 
     def keys(self, hashes: Sequence[bytes]) -> list[str]:
@@ -112,11 +121,11 @@ class IdentityBook:
 
 
 @cache
-def _namespace(model_id: str, seed: int, block_tokens: int, batch_invariant: bool) -> bytes:
-    """The serving package's namespace (imported on first use: it pulls in torch)."""
-    from kvstore.serving.config import ServingConfig, namespace
-
-    config = ServingConfig(
-        model_id=model_id, seed=seed, block_tokens=block_tokens, batch_invariant=batch_invariant
+def namespace(
+    model_id: str, seed: int, block_tokens: int, batch_invariant: bool, kv_dtype: str
+) -> bytes:
+    """The serving nodes' hash namespace (`kvstore.serving.config.namespace`), without torch."""
+    mode = "inv" if batch_invariant else "batched"
+    return make_namespace(
+        f"{model_id}@seed{seed}", kv_dtype=kv_dtype, kv_layout=f"paged/bt{block_tokens}/{mode}"
     )
-    return namespace(config)

@@ -157,6 +157,10 @@ class Ledger:
             kv_free_tokens=max(capacity - load.reserved_tokens, 0),
             kv_capacity_tokens=capacity,
             est_queue_wait_s=load.est_queue_wait_s,
+            # a DECODE node prefills (Generate) up to its limit, a COLOCATED one any prompt;
+            # only a PREFILL node serves Prefill for another node's decode
+            local_prefill_tokens=info.local_prefill_tokens if info.role == Role.DECODE else None,
+            hands_off=info.role == Role.PREFILL,
         )
 
     def idle(self) -> bool:

@@ -10,15 +10,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from kvstore.conductor.api import Decision
 from kvstore.conductor.errors import RejectedError
+from kvstore.conductor.nodes import NodeEntry
 from kvstore.v1 import conductor_pb2 as cpb
 from kvstore.v1 import serving_pb2 as spb
-
-if TYPE_CHECKING:
-    from kvstore.conductor.server import NodeEntry
 
 RETRY_AFTER_KEY = "retry-after-ms"
 

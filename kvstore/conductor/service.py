@@ -9,7 +9,8 @@ conductor's own in-flight accounting (`Ledger`), and let the policy place it
 - remote prefill: Prefill on the prefill node (its first token is relayed at
   once), then Decode on the decode node with the KV handoff, or
 - local prefill: Generate on the decode node (a colocated node, or a decode node
-  within its local-prefill limit),
+  within its local-prefill limit: the policy reads that limit from the node's
+  `NodeState`, so the simulator applies the same rule),
 
 relaying tokens as they come. A cancelled client stream cancels the node calls
 (grpc.aio cancels the handler; `finally` cancels what is open). An early rejection
@@ -23,41 +24,28 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import grpc
 
-from kvstore.conductor.api import ClusterView, Decision, Request, Role
+from kvstore.conductor.api import ClusterView, Decision, Request
 from kvstore.conductor.base import PolicyBase
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.index import MatchAnswerIndex, Run
 from kvstore.conductor.ledger import Ledger
+from kvstore.conductor.nodes import NodeDirectory, NodeEntry
 from kvstore.conductor.plan import Counters, Plan, placement, retry_metadata
 from kvstore.conductor.profiles import load_profile
 from kvstore.conductor.registry import POLICIES, make_policy
+from kvstore.conductor.rpc import GRPC_OPTIONS, rpc_error
 from kvstore.conductor.service_config import ConductorConfig
-from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
-from kvstore.rpc_errors import error_for_status, status_for
+from kvstore.errors import KVStoreError, UnavailableError
+from kvstore.rpc_errors import status_for
 from kvstore.types import Tier
 from kvstore.v1 import conductor_pb2 as cpb
 from kvstore.v1 import conductor_pb2_grpc, master_pb2, master_pb2_grpc
 from kvstore.v1 import serving_pb2 as spb
 
-if TYPE_CHECKING:
-    from kvstore.conductor.server import NodeDirectory, NodeEntry
-
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.so_reuseport", 0),
-]
-
-
-def rpc_error(err: grpc.RpcError) -> KVStoreError:
-    """The kvstore error of a failed downstream RPC (kvstore.rpc_errors' mapping)."""
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = err.details() if hasattr(err, "details") else str(err)
-    return error_for_status(code, details or "")
+__all__ = ["GRPC_OPTIONS", "ConductorServicer", "rpc_error"]
 
 
 class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
@@ -206,11 +194,14 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
     ) -> Plan:
         prefill = self.directory.by_id(decision.prefill_node)
         decode = self.directory.by_id(decision.decode_node)
-        # a colocated node serves no Prefill RPC: the decode node prefills instead
-        local = decision.local_prefill or prefill.prefill is None
-        if local and not self._can_prefill_locally(decode, prompt_tokens):
-            prefill = self.directory.by_id(self._least_loaded_prefill(view, decode.address))
-            local = False
+        # the policy decided everything (the simulator runs the same code): a local prefill
+        # is a Generate on the decode node, a remote one a Prefill on a PREFILL node
+        local = decision.local_prefill
+        if not local and prefill.prefill is None:
+            raise KVStoreError(
+                f"policy {policy} chose a remote prefill on {prefill.address}, which serves "
+                "no Prefill RPC"
+            )
         wait = view.node(decision.prefill_node).est_queue_wait_s
         return Plan(
             spec=spec,
@@ -224,22 +215,6 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
             arrival=arrival,
             route_s=time.perf_counter() - arrival,
         )
-
-    def _can_prefill_locally(self, decode: NodeEntry, prompt_tokens: int) -> bool:
-        assert decode.info is not None
-        if decode.info.role == Role.COLOCATED:
-            return True
-        return prompt_tokens <= decode.info.local_prefill_tokens
-
-    @staticmethod
-    def _least_loaded_prefill(view: ClusterView, decode_address: str) -> str:
-        nodes = [n for n in view.nodes if n.role == Role.PREFILL]
-        if not nodes:
-            raise BadRequestError(
-                f"the policy chose a local prefill on {decode_address}, over its local-prefill "
-                "limit, and there is no prefill node to run it"
-            )
-        return min(nodes, key=lambda n: (n.est_queue_wait_s, n.node_id)).node_id
 
     # -- driving the nodes -------------------------------------------------------------
 

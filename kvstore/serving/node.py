@@ -112,6 +112,7 @@ def identity_stats(config: ServingConfig, pool_segment: bool) -> pb.ServingStats
         batch_invariant=config.batch_invariant,
         num_layers=config.model.layers,
         kv_objects=config.kv_objects,
+        kv_dtype=config.model.dtype,
         local_prefill_tokens=config.local_prefill_tokens,
         pool_segment=pool_segment,
     )

@@ -155,7 +155,7 @@ class ServingStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServingStatsResponse(_message.Message):
-    __slots__ = ("node_id", "role", "model_id", "free_blocks", "total_blocks", "running", "waiting", "requests_done", "requests_failed", "steps", "block_tokens", "seed", "batch_invariant", "num_layers", "kv_objects", "local_prefill_tokens", "waiting_tokens", "pool_segment")
+    __slots__ = ("node_id", "role", "model_id", "free_blocks", "total_blocks", "running", "waiting", "requests_done", "requests_failed", "steps", "block_tokens", "seed", "batch_invariant", "num_layers", "kv_objects", "local_prefill_tokens", "waiting_tokens", "pool_segment", "kv_dtype")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class ServingStatsResponse(_message.Message):
     LOCAL_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     model_id: str
@@ -192,4 +193,5 @@ class ServingStatsResponse(_message.Message):
     local_prefill_tokens: int
     waiting_tokens: int
     pool_segment: bool
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., batch_invariant: bool = ..., num_layers: _Optional[int] = ..., kv_objects: _Optional[str] = ..., local_prefill_tokens: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., pool_segment: bool = ...) -> None: ...
+    kv_dtype: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., requests_done: _Optional[int] = ..., requests_failed: _Optional[int] = ..., steps: _Optional[int] = ..., block_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., batch_invariant: bool = ..., num_layers: _Optional[int] = ..., kv_objects: _Optional[str] = ..., local_prefill_tokens: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., pool_segment: bool = ..., kv_dtype: _Optional[str] = ...) -> None: ...

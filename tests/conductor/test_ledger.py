@@ -86,41 +86,41 @@ def test_identity_keys_are_the_prefill_nodes_last_written_keys() -> None:
     from kvstore.serving.config import ServingConfig, namespace
 
     tokens = list(range(1, 40))
-    layered = KeyIdentity("tiny", 0, True, 4, 16, "layer")
+    layered = KeyIdentity("tiny", 0, True, 4, 16, "layer", "float32")
     hashes = layered.hashes(tokens)
     assert hashes == block_hashes(tokens, 16, namespace(ServingConfig(block_tokens=16)))
     assert layered.keys(hashes) == [f"{h.hex()}/L3" for h in hashes]  # tiny: 4 layers
-    per_block = KeyIdentity("tiny", 0, True, 4, 16, "block")
+    per_block = KeyIdentity("tiny", 0, True, 4, 16, "block", "float32")
     assert per_block.keys(hashes) == [h.hex() for h in hashes]
-    batched = KeyIdentity("tiny", 0, False, 4, 16, "layer")
+    batched = KeyIdentity("tiny", 0, False, 4, 16, "layer", "float32")
     other = namespace(ServingConfig(block_tokens=16, batch_invariant=False))
     assert batched.hashes(tokens) == block_hashes(tokens, 16, other) != hashes
 
 
 def test_identity_book_pins_the_first_node_and_refuses_a_different_one() -> None:
     book = IdentityBook()
-    base = KeyIdentity("tiny", 0, True, 4, 16, "layer")
+    base = KeyIdentity("tiny", 0, True, 4, 16, "layer", "float32")
     assert book.admit("a:1", base) == ""
     assert book.admit("a:2", base) == ""
-    why = book.admit("a:3", KeyIdentity("tiny", 1, False, 4, 16, "layer"))
+    why = book.admit("a:3", KeyIdentity("tiny", 1, False, 4, 16, "layer", "float32"))
     assert why == (
         "a:3 refused: its pool keys would differ from a:1's (model 'tiny'): "
         "seed 1 != 0, batch_invariant False != True"
     )
-    small = KeyIdentity("small", 7, True, 8, 32, "block")  # another model pins its own
+    small = KeyIdentity("small", 7, True, 8, 32, "block", "float32")  # another model pins its own
     assert book.admit("a:4", small) == "" and book.of("small") == small
     assert book.of("tiny") == base and book.of("big") is None
 
 
 def test_identity_overrides_refuse_nodes_that_differ_from_a_stated_value() -> None:
     book = IdentityBook(IdentityOverrides(seed=3, kv_objects="block"))
-    why = book.admit("a:1", KeyIdentity("tiny", 0, True, 4, 16, "layer"))
+    why = book.admit("a:1", KeyIdentity("tiny", 0, True, 4, 16, "layer", "float32"))
     told = "seed 0 (told 3), kv_objects 'layer' (told 'block')"
     assert why == f"a:1 refused: its pool keys would differ: {told}"
     assert book.of("tiny") is None  # a refused node pins nothing
-    assert book.admit("a:2", KeyIdentity("tiny", 3, False, 4, 16, "block")) == ""
+    assert book.admit("a:2", KeyIdentity("tiny", 3, False, 4, 16, "block", "float32")) == ""
     with pytest.raises(BadRequestError):
-        KeyIdentity("tiny", 0, True, 4, 16, "page")
+        KeyIdentity("tiny", 0, True, 4, 16, "page", "float32")
 
 
 def test_conductor_config_is_validated() -> None:
@@ -138,6 +138,6 @@ def test_conductor_config_is_validated() -> None:
 
 
 def test_local_prefill_override_only_lowers_a_nodes_own_limit() -> None:
-    from kvstore.conductor.server import _local_limit
+    from kvstore.conductor.nodes import _local_limit
 
     assert (_local_limit(64, None), _local_limit(64, 32), _local_limit(64, 128)) == (64, 32, 64)
