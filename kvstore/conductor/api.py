@@ -97,6 +97,11 @@ class NodeState:
     `est_queue_wait_s` is the predicted wait before a new prefill can start on
     the node (on a DECODE node: before a local prefill can start there).
     `decode_context_tokens` is the KV length summed over its running sequences.
+    `profile` names the node's latency profile (hardware; "" = the policy's default) and
+    `local_prefill_tokens` the longest prompt a DECODE node prefills itself (None: no
+    limit, as on a COLOCATED node; 0: none). `max_context_tokens` (None: no limit) is the
+    longest prompt + output the node's model serves. A decode-capable node with
+    `hands_off` False (a gRPC colocated node has no Prefill RPC) prefills only for itself.
     """
 
     node_id: str
@@ -107,6 +112,10 @@ class NodeState:
     kv_free_tokens: int = 0
     kv_capacity_tokens: int = 0
     est_queue_wait_s: float = 0.0
+    profile: str = ""
+    local_prefill_tokens: int | None = None
+    max_context_tokens: int | None = None
+    hands_off: bool = True  # may prefill for another node's decode (False: only its own)
 
     def __post_init__(self) -> None:
         counts = (
@@ -120,6 +129,9 @@ class NodeState:
             raise BadRequestError(f"node {self.node_id}: negative load figures")
         if self.kv_free_tokens > self.kv_capacity_tokens:
             raise BadRequestError(f"node {self.node_id}: kv_free_tokens > kv_capacity_tokens")
+        limits = (self.local_prefill_tokens, self.max_context_tokens)
+        if any(x is not None and x < 0 for x in limits):
+            raise BadRequestError(f"node {self.node_id}: negative token limits")
 
     @property
     def can_prefill(self) -> bool:
@@ -128,6 +140,19 @@ class NodeState:
     @property
     def can_decode(self) -> bool:
         return self.role in (Role.DECODE, Role.COLOCATED)
+
+    def serves(self, req: Request) -> bool:
+        """Whether the request fits the node's model context."""
+        limit = self.max_context_tokens
+        return limit is None or req.prompt_tokens + req.output_tokens <= limit
+
+    def can_prefill_locally(self, req: Request) -> bool:
+        """Whether the node may prefill `req` for its own decode: a COLOCATED node always,
+        a DECODE node within its local-prefill limit, a PREFILL node never."""
+        if self.role == Role.PREFILL or not self.serves(req):
+            return False
+        limit = self.local_prefill_tokens
+        return self.role == Role.COLOCATED or limit is None or req.prompt_tokens <= limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ the request itself; a PREFILL node hands it to a DECODE node.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from kvstore.conductor import admission
@@ -30,6 +30,7 @@ class PolicyBase:
         transfer: TransferModel | None = None,
         admission: bool = False,
         tbt_budget_s: float = 0.1,
+        latencies: Mapping[str, LatencyModel] | None = None,
     ) -> None:
         if tbt_budget_s <= 0:
             raise BadRequestError(f"tbt_budget_s must be > 0, got {tbt_budget_s}")
@@ -37,13 +38,13 @@ class PolicyBase:
             profile = load_profile()
             latency = latency if latency is not None else profile.latency
             transfer = transfer if transfer is not None else profile.transfer
-        self.est = Estimator(latency, transfer)
+        self.est = Estimator(latency, transfer, latencies)
         self.admission = admission
         self.tbt_budget_s = tbt_budget_s
 
     def place(self, req: Request, view: ClusterView) -> Decision:
         matches = view.matches(req.block_hashes)
-        node = self.pick_prefill(req, view.prefill_nodes(), matches)
+        node = self.pick_prefill(req, serving_prefill_nodes(req, view), matches)
         pre = self.est.prefill_on(req, node, matches, view)
         dec = self.decode_for(req, view, node)
         return self.decide(req, pre, dec, f"{self.name}: prefill on {node.node_id}")
@@ -62,7 +63,9 @@ class PolicyBase:
     def decode_for(self, req: Request, view: ClusterView, prefill: NodeState) -> DecodeEstimate:
         """The decode side for a prefill on `prefill`. When the KV fits nowhere: RejectedError
         with admission on, else the node with the most free KV (the request waits there)."""
-        nodes = self.decode_candidates(view, prefill)
+        nodes = [n for n in self.decode_candidates(view, prefill) if n.serves(req)]
+        if not nodes:
+            raise too_long(req, view)
         estimates = [self.est.decode_on(req, n) for n in nodes]
         fitting = [e for e in estimates if e.fits]
         if fitting:
@@ -95,3 +98,21 @@ class PolicyBase:
             reason=reason,
             source_node=pre.source_node,
         )
+
+
+def serving_prefill_nodes(req: Request, view: ClusterView) -> tuple[NodeState, ...]:
+    """The prefill-capable nodes whose model context holds the request; BadRequestError
+    (too long for every node) when there is none."""
+    nodes = tuple(n for n in view.prefill_nodes() if n.serves(req))
+    if not nodes:
+        raise too_long(req, view)
+    return nodes
+
+
+def too_long(req: Request, view: ClusterView) -> BadRequestError:
+    """The error for a request longer than any node's context."""
+    longest = max((n.max_context_tokens or 0) for n in view.nodes)
+    return BadRequestError(
+        f"request {req.request_id}: {req.prompt_tokens + req.output_tokens} tokens exceed "
+        f"every node's context (longest {longest})"
+    )

@@ -31,7 +31,7 @@ from typing import Any
 
 from kvstore.conductor.admission import decode_pressure
 from kvstore.conductor.api import ClusterView, Decision, NodeState, PrefixMatch, Request
-from kvstore.conductor.base import PolicyBase
+from kvstore.conductor.base import PolicyBase, serving_prefill_nodes
 from kvstore.conductor.conditional import PrefillShare, stretched_tbt_s
 from kvstore.conductor.errors import RejectedError
 from kvstore.conductor.estimate import DecodeEstimate, PrefillEstimate
@@ -84,7 +84,7 @@ class CacheLoadPolicy(PolicyBase):
 
     def place(self, req: Request, view: ClusterView) -> Decision:
         matches = view.matches(req.block_hashes)
-        prefill_nodes = view.prefill_nodes()
+        prefill_nodes = serving_prefill_nodes(req, view)
         cands = self._candidates(req, view, prefill_nodes, matches)
         if self.config.conditional:
             cands = [c for c in cands if self._share_ok(req, c.node, c.pre)] or cands
@@ -101,7 +101,7 @@ class CacheLoadPolicy(PolicyBase):
 
     def decode_candidates(self, view: ClusterView, prefill: NodeState) -> tuple[NodeState, ...]:
         """Conditional mode decodes anywhere (remote or local prefill is chosen per request)."""
-        if self.config.conditional:
+        if self.config.conditional and (prefill.hands_off or not prefill.can_decode):
             return view.decode_nodes()
         return super().decode_candidates(view, prefill)
 
@@ -133,17 +133,22 @@ class CacheLoadPolicy(PolicyBase):
         nodes: tuple[NodeState, ...],
         matches: dict[str, PrefixMatch],
     ) -> list[_Candidate]:
-        """Every prefill node with its TTFT and decode pairing; raises when no KV fits."""
+        """Every prefill node with its TTFT and decode pairing; raises when no KV fits.
+        Nodes with the same decode candidates share one decode choice (computed once)."""
         cands: list[_Candidate] = []
         error: RejectedError | None = None
-        shared: DecodeEstimate | None = None  # conditional: one decode choice for all
+        pairing: dict[tuple[str, ...], DecodeEstimate | RejectedError] = {}
         for node in nodes:
-            try:
-                dec = shared if shared is not None else self.decode_for(req, view, node)
-            except RejectedError as exc:  # this pairing has no KV space
-                error = exc
+            key = tuple(n.node_id for n in self.decode_candidates(view, node))
+            if key not in pairing:
+                try:
+                    pairing[key] = self.decode_for(req, view, node)
+                except RejectedError as exc:  # this pairing has no KV space
+                    pairing[key] = exc
+            dec = pairing[key]
+            if isinstance(dec, RejectedError):
+                error = dec
                 continue
-            shared = dec if self.config.conditional else None
             cands.append(_Candidate(node, self.est.prefill_on(req, node, matches, view), dec))
         if not cands:
             assert error is not None
@@ -181,6 +186,8 @@ class CacheLoadPolicy(PolicyBase):
     ) -> PrefillEstimate | None:
         """Prefill on the decode node when sooner than remote prefill + KV move and its
         streams can afford the stall (alone and as a share of time); None otherwise."""
+        if not dnode.can_prefill_locally(req):
+            return None
         local = self.est.prefill_on(req, dnode, matches, view)
         if local.ttft_s > best.pre.ttft_s + self.est.kv_move_s(req):
             return None
@@ -211,6 +218,8 @@ class CacheLoadPolicy(PolicyBase):
         the TTFT objective soonest; None when there is none."""
         found: list[tuple[float, str, NodeState, PrefillEstimate, DecodeEstimate]] = []
         for node in view.decode_nodes():
+            if not node.can_prefill_locally(req):
+                continue
             dec = self.est.decode_on(req, node)
             local = self.est.prefill_on(req, node, matches, view)
             if not dec.fits or local.ttft_s > ttft_slo_s:

@@ -3,6 +3,8 @@
 TTFT on node n = n's queue wait + time to load the cached prefix (by the tier it
 sits in; from another node at network speed in pooled mode) + prefill time of the
 uncached part. TBT on node d = one decode step of d's batch with this request added.
+Each node's compute comes from the latency model of its `profile` (heterogeneous
+pools: an H100 prefill node and an A100 decode node), else the default model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from kvstore.conductor.api import (
     Request,
 )
 from kvstore.conductor.latency import LatencyModel, TransferModel
+from kvstore.errors import NotFoundError
 from kvstore.types import Tier
 
 
@@ -55,9 +58,29 @@ class DecodeEstimate:
 class Estimator:
     """Evaluates prefill and decode options with one latency and one transfer model."""
 
-    def __init__(self, latency: LatencyModel, transfer: TransferModel) -> None:
+    def __init__(
+        self,
+        latency: LatencyModel,
+        transfer: TransferModel,
+        latencies: Mapping[str, LatencyModel] | None = None,
+    ) -> None:
         self.latency = latency
         self.transfer = transfer
+        self.latencies = dict(latencies or {})
+
+    def latency_of(self, node: NodeState) -> LatencyModel:
+        """The latency model of `node`'s profile; the default when it names none.
+        NotFoundError listing the known profiles for one the estimator was not given."""
+        if not node.profile:
+            return self.latency
+        found = self.latencies.get(node.profile)
+        if found is None:
+            known = ", ".join(sorted(self.latencies)) or "none"
+            raise NotFoundError(
+                f"node {node.node_id}: no latency model for profile {node.profile!r} "
+                f"(known: {known})"
+            )
+        return found
 
     def cached_tokens(self, req: Request, blocks: int, block_tokens: int) -> int:
         """Tokens a prefix of `blocks` saves; the last prompt token is always computed."""
@@ -97,7 +120,7 @@ class Estimator:
             {Tier(t): n * scale for t, n in local.items()},
             {Tier(t): n * scale for t, n in remote.items()},
         )
-        compute = self.latency.prefill_s(req.prompt_tokens - cached, cached)
+        compute = self.latency_of(node).prefill_s(req.prompt_tokens - cached, cached)
         return PrefillEstimate(
             node_id=node.node_id,
             ttft_s=node.est_queue_wait_s + load + compute,
@@ -112,10 +135,11 @@ class Estimator:
         """Step time of `node`'s batch with `req` added, and whether `req`'s KV fits."""
         need = req.prompt_tokens + req.output_tokens
         ctx = node.decode_context_tokens + req.prompt_tokens
+        lat = self.latency_of(node)
         return DecodeEstimate(
             node_id=node.node_id,
-            tbt_s=self.latency.decode_step_s(node.running_decode_seqs + 1, ctx),
-            idle_tbt_s=self.latency.decode_step_s(1, req.prompt_tokens),
+            tbt_s=lat.decode_step_s(node.running_decode_seqs + 1, ctx),
+            idle_tbt_s=lat.decode_step_s(1, req.prompt_tokens),
             fits=node.kv_free_tokens >= need,
             kv_free_after=node.kv_free_tokens - need,
             kv_capacity=node.kv_capacity_tokens,

@@ -12,6 +12,7 @@ from kvstore.conductor.baselines import (
     RoundRobinPolicy,
 )
 from kvstore.conductor.cache_load import CacheLoadPolicy, ConditionalPolicy
+from kvstore.conductor.flexible import FlexiblePolicy
 from kvstore.errors import BadRequestError
 
 POLICIES: dict[str, type[PolicyBase]] = {
@@ -23,6 +24,7 @@ POLICIES: dict[str, type[PolicyBase]] = {
         PrefixOnlyPolicy,
         CacheLoadPolicy,
         ConditionalPolicy,
+        FlexiblePolicy,
     )
 }
 

@@ -211,7 +211,7 @@ def test_rejection_on_tbt_and_kv_space() -> None:
 def test_unknown_policy_lists_valid_names() -> None:
     with pytest.raises(BadRequestError) as err:
         make_policy("fastest")
-    names = "cache_load, conditional, least_loaded, prefix_only, random, round_robin"
+    names = "cache_load, conditional, flexible, least_loaded, prefix_only, random, round_robin"
     assert str(err.value) == f"unknown policy 'fastest'; valid: {names}"
     assert sorted(POLICIES) == names.split(", ")
     with pytest.raises(BadRequestError, match="bad arguments for policy 'random'"):
