@@ -4,11 +4,16 @@ Prefill demand (busy nodes) = request rate x prefill time of the uncached part.
 Decode demand = output token rate / one node's decode throughput, where a node
 runs the largest batch whose step time meets the TBT objective and whose KV fits.
 The nodes are split in proportion to the two demands (at least one each).
+
+`search_split` refines that guess with an evaluator (the simulator on an observed trace
+window, `kvstore.sim.search`): DistServe's placement search simulates candidate
+configurations for goodput; here the candidates are colocated and the splits around the
+demand split, and the choice says when no candidate meets the objectives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvstore.conductor.api import Request
@@ -106,3 +111,77 @@ def plan_pools(
     if prefill + decode > total_nodes:
         reason += f"; overloaded: {prefill + decode:.2f} > {total_nodes} nodes"
     return PoolPlan(p, total_nodes - p, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitChoice:
+    """The split a search recommends: `prefill_nodes` of the total (0 = every node colocated),
+    the score it reached, whether that meets the target, and every split it tried."""
+
+    prefill_nodes: int
+    score: float
+    met: bool
+    tried: dict[int, float]
+    reason: str
+
+
+def search_split(
+    evaluate: Callable[[int], float],
+    total_nodes: int,
+    start: int,
+    *,
+    target: float = 0.9,
+    radius: int = 2,
+    max_evals: int = 12,
+) -> SplitChoice:
+    """Best split by `evaluate(prefill_nodes) -> attainment` (0 = colocated, else that many
+    PREFILL nodes and the rest DECODE), searched around `start` (e.g. `plan_pools`'s
+    demand split): colocated and start +- radius, then on towards a better edge while it
+    improves (at most `max_evals` evaluations). Ties go to the split nearer `start`.
+    When no split reaches `target` the choice says so and is the closest one."""
+    if total_nodes < 2 or radius < 0 or max_evals < 1:
+        raise BadRequestError("need total_nodes >= 2, radius >= 0 and max_evals >= 1")
+    start = min(max(start, 1), total_nodes - 1)
+    tried: dict[int, float] = {}
+
+    def score(k: int) -> float:
+        if k not in tried:
+            tried[k] = evaluate(k)
+        return tried[k]
+
+    for k in (0, *range(max(start - radius, 1), min(start + radius, total_nodes - 1) + 1)):
+        if len(tried) < max_evals:
+            score(k)
+    _extend(score, tried, total_nodes, max_evals)
+    best = max(tried, key=lambda k: (tried[k], -abs(k - start), -k))
+    return _choice(best, tried, target)
+
+
+def _extend(
+    score: Callable[[int], float], tried: dict[int, float], total: int, max_evals: int
+) -> None:
+    """While the best split is at an edge of the tried range, try one step beyond it."""
+    while len(tried) < max_evals:
+        split = {k: v for k, v in tried.items() if k > 0}
+        if not split:
+            return
+        best = max(split, key=lambda k: (split[k], -k))
+        lo, hi = min(split), max(split)
+        step = best - 1 if best == lo and lo > 1 else best + 1 if best == hi else None
+        if step is None or not 1 <= step <= total - 1 or step in tried:
+            return
+        if score(step) <= split[best]:
+            return
+
+
+def _choice(best: int, tried: dict[int, float], target: float) -> SplitChoice:
+    name = "colocated" if best == 0 else f"{best} prefill"
+    met = tried[best] >= target
+    if met:
+        reason = f"{name}: attainment {tried[best]:.3f} >= {target}"
+    else:
+        reason = (
+            f"no split tried meets the objectives (attainment >= {target}); "
+            f"closest: {name} at {tried[best]:.3f}"
+        )
+    return SplitChoice(best, tried[best], met, dict(sorted(tried.items())), reason)

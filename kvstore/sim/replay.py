@@ -10,8 +10,8 @@ cache- and load-aware routing and runs the full Mooncake trace in seconds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kvstore.conductor.api import ClusterView, NodeState, Policy, Request
 from kvstore.conductor.errors import RejectedError
@@ -47,6 +47,10 @@ class Outcome:
     prefill_node: str | None
     decode_node: str | None
     rejected: bool = False
+    too_long: bool = False  # longer than every node's context: never placed
+    queue_s: float = 0.0  # TTFT parts (finished prefills): queue, prefix load by
+    load_s: Mapping[str, float] = field(default_factory=dict)  # source and tier, compute
+    compute_s: float = 0.0
 
 
 def to_request(r: TraceRequest, slo: Slo | None) -> Request:
@@ -77,7 +81,45 @@ def _outcome(job: Job) -> Outcome:
         len(job.req.blocks),
         job.prefill_node,
         job.decode_node,
+        queue_s=job.queue_s,
+        load_s=dict(job.load_s),
+        compute_s=job.compute_s,
     )
+
+
+Controller = Callable[[SimCluster, Sequence[TraceRequest]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """Call `fn(cluster, requests seen in the last period)` every `period_s` simulated
+    seconds while requests arrive (e.g. the online role balancer, `kvstore.conductor.roles`)."""
+
+    fn: Controller
+    period_s: float
+
+    def __post_init__(self) -> None:
+        if not self.period_s > 0:
+            raise BadRequestError(f"control period must be > 0, got {self.period_s}")
+
+
+def longest_context(specs: Sequence[NodeSpec]) -> int | None:
+    """The longest prompt + output some node serves (None: no node has a limit)."""
+    if not specs:
+        raise BadRequestError("empty cluster: no node specs")
+    limits = [s.max_context_tokens for s in specs]
+    return None if None in limits else max(x for x in limits if x is not None)
+
+
+def split_too_long(
+    load: TraceLoad, specs: Sequence[NodeSpec]
+) -> tuple[list[TraceRequest], list[TraceRequest]]:
+    """(requests some node can serve, requests longer than every node's context)."""
+    longest = longest_context(specs)
+    if longest is None:
+        return list(load.requests), []
+    ok = [r for r in load.requests if r.input_len + r.output_len <= longest]
+    return ok, [r for r in load.requests if r.input_len + r.output_len > longest]
 
 
 def simulate(
@@ -89,13 +131,26 @@ def simulate(
     *,
     pooled: bool = True,
     slo: Slo | None = None,
+    latencies: Mapping[str, LatencyModel] | None = None,
+    control: Control | None = None,
 ) -> list[Outcome]:
     """Replay `load` through a simulated cluster placed by `policy`; one Outcome per request.
 
-    A request the policy rejects (RejectedError) gets a rejected Outcome and never runs.
+    A request the policy rejects (RejectedError) gets a rejected Outcome and never runs; one
+    longer than every node's context gets a `too_long` Outcome (count them with
+    `sum(o.too_long ...)`); BadRequestError when every request is too long.
     """
-    cluster = SimCluster(specs, latency, transfer, pooled=pooled)
-    outcomes: dict[int, Outcome] = {}
+    ok, long = split_too_long(load, specs)
+    if not ok:
+        raise BadRequestError(
+            f"all {len(long)} requests exceed every node's context "
+            f"({longest_context(specs)} tokens)"
+        )
+    cluster = SimCluster(specs, latency, transfer, pooled=pooled, latencies=latencies)
+    outcomes = {
+        r.req_id: Outcome(r.req_id, None, None, 0, len(r.blocks), None, None, True, True)
+        for r in long
+    }
     jobs: list[Job] = []
 
     def arrive(r: TraceRequest) -> None:
@@ -109,12 +164,24 @@ def simulate(
         jobs.append(job)
         cluster.submit(job)
 
-    for r in load.requests:
+    for r in ok:
         cluster.loop.at(r.arrival_s, lambda r=r: arrive(r))
+    if control is not None:
+        _schedule_control(cluster, ok, control)
     cluster.loop.run()
     cluster.check_integrity()
     outcomes.update((j.req.req_id, _outcome(j)) for j in jobs)
     return [outcomes[r.req_id] for r in load.requests]
+
+
+def _schedule_control(cluster: SimCluster, reqs: Sequence[TraceRequest], ctl: Control) -> None:
+    """Run the controller at every period boundary up to the last arrival."""
+    end = reqs[-1].arrival_s if reqs else 0.0
+    ticks = int(end // ctl.period_s)
+    for k in range(1, ticks + 1):
+        t = k * ctl.period_s
+        seen = [r for r in reqs if t - ctl.period_s <= r.arrival_s < t]
+        cluster.loop.at(t, lambda seen=seen: ctl.fn(cluster, seen))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from kvstore.conductor.profiles import (
     data_dir,
     fit_reports,
     load_profile,
+    profile_name,
 )
 from kvstore.errors import BadRequestError, NotFoundError
 from kvstore.types import Tier
@@ -51,8 +52,26 @@ def test_every_profile_loads() -> None:
     for name in PROFILES:
         assert load_profile(name).transfer.kv_bytes_per_token > 0
     assert load_profile().transfer.kv_bytes_per_token == 327_680  # Llama2-70B, fp16, GQA
-    with pytest.raises(BadRequestError, match="valid: llama2-70b/a100-tp4"):
+    with pytest.raises(BadRequestError, match=r"valid: .*llama2-70b/a100-tp4"):
         load_profile("gpt-5")
+
+
+def test_profiles_cover_the_published_hardware_and_size_the_kv() -> None:
+    # Splitwise's rows: Llama2-70B on A100, H100 and power-capped H100 at TP 2/4/8
+    h, cap = load_profile("llama2-70b/h100-tp8"), load_profile("llama2-70b/h100pcap-tp8")
+    assert (h.hardware, cap.hardware, h.tensor_parallel) == ("h100-80gb", "h100-80gb-pcap", 8)
+    # the power cap slows prefill, not decode (Splitwise's finding, in its measured rows)
+    assert cap.latency.prefill_s(2000, 0) > 1.2 * h.latency.prefill_s(2000, 0)
+    assert cap.latency.decode_step_s(32, 64_000) == pytest.approx(
+        h.latency.decode_step_s(32, 64_000), rel=0.05
+    )
+    # KV tokens: (8 x 80 GB - 140 GB of weights) x 0.9 / 327,680 bytes per token
+    assert h.kv_capacity_tokens == int((640e9 - 140e9) * 0.9 / 327_680)
+    opt = load_profile("opt-13b/a100-tp2")
+    assert (opt.max_context_tokens, h.max_context_tokens) == (2048, None)
+    assert profile_name("llama2-70b", "h100pcap", 4) == "llama2-70b/h100pcap-tp4"
+    with pytest.raises(NotFoundError, match=r"available: llama2-70b/a100-tp2, .*h100pcap-tp8"):
+        profile_name("llama2-70b", "b200", 8)  # a hardware the data does not have
 
 
 def test_missing_data_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

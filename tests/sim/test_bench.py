@@ -7,12 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvstore.sim.traces import synthetic_shared_prefix
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "trace_replay.py"
 SMALL = [
-    "--nodes", "2", "--gpus", "2", "--prefill-nodes", "1", "--capacities", "8192,1e6",
-    "--window-s", "30", "--scales", "0.5,1", "--bisect", "1", "--no-plots",
+    "--nodes", "2", "--gpus", "3", "--prefill-nodes", "1", "--capacities", "8192,1e6",
+    "--window-s", "30", "--scales", "0.5,1", "--bisect", "0", "--no-plots",
+    "--parts", "hits,serving,locality,online",
+]  # fmt: skip
+HARDWARE = [
+    "--window-s", "30", "--machines", "2", "--no-hw-search", "--bisect", "0",
+    "--placement-gpus", "2", "--placement-window-s", "30", "--no-plots",
+    "--parts", "hardware,placement",
 ]  # fmt: skip
 
 
@@ -48,11 +56,53 @@ def test_bench_json_on_small_trace(tmp_path: Path) -> None:
     row = report["hit_ratio"][1]  # 1M tokens: nothing is ever evicted
     assert row["global_lru"] == row["infinite"] > 0
     assert row["policies"]["random"]["pooled"]["hit"] == row["infinite"]
-    assert set(report["serving"]["goodput"]) == {"colocated", "disaggregated", "conditional"}
-    assert len(report["targets"]["hit_vs_random_local"]) == 2
+    serving = report["serving"]
+    modes = {"colocated", "disaggregated", "conditional", "flexible"}
+    assert set(serving["goodput"]) == modes
+    assert set(serving["split_goodput"]) == {"0", "1", "2"}  # every split of 3 nodes
+    rows = serving["planner"]
+    assert [r["rate"] for r in rows] == [p["rate"] for p in serving["modes"]["flexible"]]
+    for row in rows:  # the planner's choice is one of the splits, judged by simulation
+        assert 0 <= row["chosen"] <= 2 and set(row["tried_on_observed"]) <= {"0", "1", "2"}
+        assert row["best_fixed_attained"] == max(row["fixed"].values())
+    targets = report["targets"]
+    assert len(targets["flexible_ge_best_minus_0.01_at_every_load"]) == len(rows)
+    assert len(targets["hit_vs_random_local"]) == 2
+    loc = report["locality"]["rows"]  # 2 rates x (pooled, local) x 3 policies
+    assert len(loc) == 12 and {r["cache"] for r in loc} == {"pooled", "local"}
+    for r in loc:  # the TTFT parts add up to the mean TTFT
+        parts = r["queue_s"] + sum(r["load_s"].values()) + r["compute_s"]
+        assert parts == pytest.approx(r["mean_ttft_s"], rel=1e-6, abs=1e-9)
+    assert not any(
+        k.startswith("pooled") for r in loc if r["cache"] == "local" for k in r["load_s"]
+    )
+    online = report["online"]
+    assert set(online["static"]) == {"first", "second", "all"}
     fit = report["calibration"]["llama2-70b/a100-tp4"]
     assert fit["points"] > 0 and 0 < fit["decode_mean_rel_err"] < fit["decode_max_rel_err"]
     assert report["calibration"]["opt-13b/a100-tp1"] is None  # published coefficients only
+
+
+def test_bench_hardware_and_placement(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    proc = _bench("--trace", str(trace), "--json", *HARDWARE)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    hw = report["hardware"]
+    names = [r["name"] for r in hw["rows"]]
+    assert names[:3] == ["Baseline-A100", "Baseline-H100", "Splitwise-AA"]
+    rows = {r["name"]: r for r in hw["rows"]}
+    # costs and power from kvstore/data/hardware.csv: one H100 + one A100 machine
+    assert rows["Splitwise-HA"]["cost_per_hour"] == pytest.approx(38.0 + 17.6)
+    assert rows["Splitwise-HHcap"]["power_kw"] == pytest.approx(10.2 + 7.14)
+    for r in hw["rows"]:
+        assert r["per_cost"] == pytest.approx(r["goodput"] / r["cost_per_hour"])
+    assert report["targets"]["paper"]["same_power_and_cost"] == 2.35
+    pl = report["placement"]
+    assert pl["placement"] == "1x prefill TP1 + 1x decode TP1"  # the only one in 2 GPUs
+    assert pl["too_long"] > 0  # Azure prompts beyond OPT's 2048-token context, counted
+    assert pl["goodput"] == pl["candidates"][pl["placement"]]
 
 
 def test_bench_rejects_bad_inputs(tmp_path: Path) -> None:

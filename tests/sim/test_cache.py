@@ -14,7 +14,7 @@ from kvstore.sim.cache import (
 from kvstore.sim.traces import read_mooncake
 from kvstore.types import Tier
 
-from .test_traces import MOONCAKE, needs_data
+from .test_traces import MOONCAKE
 
 
 def test_lru_eviction_order() -> None:
@@ -49,7 +49,6 @@ def test_replay_small_trace_exact() -> None:
     assert replay_lru(reqs, 1).hit_blocks == 0  # capacity 1: block 1 never survives
 
 
-@needs_data
 def test_published_hit_ratios_on_mooncake_trace() -> None:
     reqs = read_mooncake(MOONCAKE).requests
     assert blocks_for_tokens(3_000_000) == 5859

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import kvstore
-
 from kvstore.sim.traces import (
     TraceError,
     read_azure,

@@ -1,0 +1,286 @@
+"""trace_replay's serving parts: modes and splits per load, the planner, cache locality,
+online role flips. Each function takes the parsed arguments and returns plain dicts
+(the report's JSON); `trace_replay.py` prints and plots them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from kvstore.conductor.planner import SplitChoice
+from kvstore.conductor.profiles import load_profile
+from kvstore.conductor.roles import BalancerConfig, RoleBalancer
+from kvstore.errors import BadRequestError
+from kvstore.sim.cache import TierCapacity, blocks_for_tokens
+from kvstore.sim.metrics import (
+    GOODPUT_ATTAINMENT,
+    LatencySummary,
+    SweepPoint,
+    refine_goodput,
+    summarize,
+)
+from kvstore.sim.metrics import goodput as goodput_of
+from kvstore.sim.replay import Outcome, Slo
+from kvstore.sim.search import Pool, balancer_control, plan_split, run_split
+from kvstore.sim.traces import TraceLoad, TraceRequest, read_trace, scale_rate, window
+
+KV_TOKENS_PER_NODE = 480_000  # (4 x 80 GB - 140 GB weights) * 0.9 / 320 KiB per token
+MODES = ("colocated", "disaggregated", "conditional", "flexible")
+LOCALITY_POLICIES = ("cache_load", "prefix_only", "least_loaded")
+
+
+def make_pool(args: argparse.Namespace, pooled: bool = True) -> Pool:
+    prof = load_profile(args.profile)
+    cap = TierCapacity(blocks_for_tokens(int(args.serve_pool_tokens)) // args.gpus)
+    ctx = prof.max_context_tokens
+    return Pool(args.gpus, cap, KV_TOKENS_PER_NODE, prof.latency, prof.transfer, pooled, ctx)
+
+
+class Windows:
+    """The serving window and, before it is judged, the window the planner observes."""
+
+    def __init__(self, load: TraceLoad, args: argparse.Namespace) -> None:
+        self.length = args.window_s
+        self.serve = window(load, 0.0, args.window_s)
+        if not self.serve.requests:
+            raise BadRequestError(f"no request in the first {args.window_s} s of the trace")
+        observed = window(load, args.window_s, args.window_s)
+        # the planner sees the next window of the trace (other requests, the same kind of
+        # traffic); a trace too short for one falls back to the serving window itself
+        self.own_window = not observed.requests
+        self.observed = self.serve if self.own_window else observed
+        self.base_rate = len(self.serve.requests) / args.window_s
+        self.observed_rate = len(self.observed.requests) / args.window_s
+
+    def at(self, rate: float) -> TraceLoad:
+        return scale_rate(self.serve, rate / self.base_rate)
+
+    def observed_at(self, rate: float) -> tuple[TraceLoad, float]:
+        """The observed window scaled to `rate`, and its length in seconds."""
+        factor = rate / self.observed_rate
+        return scale_rate(self.observed, factor), self.length / factor
+
+
+def _summary(outs: list[Outcome], slo: Slo) -> LatencySummary:
+    return summarize(outs, slo)
+
+
+class Serving:
+    """Every configuration the serving part runs, at one rate each call."""
+
+    def __init__(self, load: TraceLoad, args: argparse.Namespace) -> None:
+        self.args = args
+        self.win = Windows(load, args)
+        self.pool = make_pool(args)
+        self.slo = Slo(args.ttft_slo, args.tbt_slo)
+        self.choices: dict[tuple[float, str], SplitChoice] = {}
+
+    def split(self, rate: float, k: int, policy: str = "cache_load") -> LatencySummary:
+        return _summary(run_split(self.win.at(rate), self.pool, k, policy, self.slo), self.slo)
+
+    def plan(self, rate: float, policy: str = "flexible") -> SplitChoice:
+        """The planner's split for `rate` and `policy` (from the observed window), memoised."""
+        if (rate, policy) not in self.choices:
+            observed, length = self.win.observed_at(rate)
+            choice = plan_split(observed, self.pool, self.slo, length, policy)
+            self.choices[rate, policy] = choice
+        return self.choices[rate, policy]
+
+    def mode(self, name: str, rate: float) -> LatencySummary:
+        flag = self.args.prefill_nodes
+        if name == "colocated":
+            return self.split(rate, 0)
+        if name == "disaggregated":
+            return self.split(rate, flag)
+        if name == "conditional":
+            return self.split(rate, flag, "conditional")
+        if name == "flexible":
+            return self.split(rate, self.plan(rate).prefill_nodes, "flexible")
+        raise BadRequestError(f"unknown mode {name!r}")
+
+
+def serving(load: TraceLoad, args: argparse.Namespace) -> dict:
+    """Attainment per mode and per fixed split at every load point; goodput of each; the
+    planner's split per load."""
+    sv = Serving(load, args)
+    rates = sorted(sv.win.base_rate * s for s in args.scale_list)
+    points: dict[str, list[SweepPoint]] = {m: [] for m in MODES}
+    splits: dict[int, list[SweepPoint]] = {k: [] for k in range(1, args.gpus)}
+    for i in range(len(rates) + 2):
+        if i >= len(rates):  # everything still passed somewhere: more load (2 doublings)
+            if all(points[m][-1].summary.attained < GOODPUT_ATTAINMENT for m in MODES):
+                break
+            rates.append(rates[-1] * 2)
+        rate = rates[i]
+        for m in MODES:
+            points[m].append(SweepPoint(rate, sv.mode(m, rate)))
+        for k in splits:
+            got = points["disaggregated"][-1] if k == args.prefill_nodes else None
+            splits[k].append(got or SweepPoint(rate, sv.split(rate, k)))
+    return _serving_report(sv, points, splits)
+
+
+def _serving_report(
+    sv: Serving, points: dict[str, list[SweepPoint]], splits: dict[int, list[SweepPoint]]
+) -> dict:
+    args = sv.args
+    out: dict = {
+        "window_s": args.window_s,
+        "requests": len(sv.win.serve.requests),
+        "base_rate": sv.win.base_rate,
+        "planner_window": "serving window (trace too short)" if sv.win.own_window else
+        f"[{args.window_s:g}, {2 * args.window_s:g}) s of the trace",
+        "slo": asdict(sv.slo),
+        "modes": {},
+        "goodput": {},
+        "bisect": {},
+    }  # fmt: skip
+    for m in MODES:
+        extra = refine_goodput(points[m], lambda r, m=m: sv.mode(m, r), args.bisect)
+        out["modes"][m] = [{"rate": p.rate, **asdict(p.summary)} for p in points[m]]
+        out["bisect"][m] = [{"rate": p.rate, "attained": p.summary.attained} for p in extra]
+        out["goodput"][m] = goodput_of([*points[m], *extra])
+    out["splits"] = {
+        str(k): [{"rate": p.rate, "attained": p.summary.attained} for p in pts]
+        for k, pts in splits.items()
+    }
+    out["split_goodput"] = {str(k): goodput_of(pts) for k, pts in splits.items()}
+    out["split_goodput"]["0"] = goodput_of(points["colocated"])
+    out["planner"] = [_planner_row(sv, p.rate, splits, points) for p in points["colocated"]]
+    return out
+
+
+def _planner_row(
+    sv: Serving, rate: float, splits: dict[int, list[SweepPoint]], points: dict
+) -> dict:
+    """At one rate: the split the planner chose for each policy (flexible: the conductor's
+    per-request role choice; cache_load: the same policy as the fixed splits), what each
+    gives on the serving window, and the best fixed split found by exhaustive search."""
+    flex, plain = sv.plan(rate), sv.plan(rate, "cache_load")
+    fixed = {0: _at(points["colocated"], rate)}
+    fixed.update({k: _at(pts, rate) for k, pts in splits.items()})
+    best = max(fixed, key=lambda k: (fixed[k], -k))
+    return {
+        "rate": rate,
+        "chosen": flex.prefill_nodes,
+        "met": flex.met,
+        "reason": flex.reason,
+        "tried_on_observed": {str(t): v for t, v in flex.tried.items()},
+        "chosen_flexible": _at(points["flexible"], rate),
+        "chosen_cache_load_split": plain.prefill_nodes,
+        "chosen_cache_load": fixed[plain.prefill_nodes],
+        "cache_load_met": plain.met,
+        "best_fixed": best,
+        "best_fixed_attained": fixed[best],
+        "fixed": {str(t): v for t, v in fixed.items()},
+    }
+
+
+def _at(pts: Sequence[SweepPoint], rate: float) -> float:
+    return next(p.summary.attained for p in pts if p.rate == rate)
+
+
+# -- cache locality -------------------------------------------------------------------
+
+
+def locality(load: TraceLoad, args: argparse.Namespace) -> dict:
+    """Per policy, cache mode (pooled store / per-node local caches) and load point: TTFT
+    attainment and the mean TTFT split into queue, prefix load by source and tier, and
+    compute, on the disaggregated split."""
+    sv = Serving(load, args)
+    rates = sorted(sv.win.base_rate * s for s in args.scale_list)
+    rows = []
+    for rate in rates:
+        for pooled in (True, False):
+            pool = make_pool(args, pooled)
+            for name in LOCALITY_POLICIES:
+                outs = run_split(sv.win.at(rate), pool, args.prefill_nodes, name, sv.slo)
+                rows.append(_locality_row(rate, pooled, name, outs, sv.slo))
+    return {"split": args.prefill_nodes, "rows": rows}
+
+
+def _locality_row(rate: float, pooled: bool, policy: str, outs: list[Outcome], slo: Slo) -> dict:
+    done = [o for o in outs if o.ttft_s is not None]
+    n = max(len(done), 1)
+    loads: dict[str, float] = {}
+    for o in done:
+        for key, secs in o.load_s.items():
+            loads[key] = loads.get(key, 0.0) + secs / n
+    s = summarize(outs, slo)
+    hit = sum(o.cached_blocks for o in outs) / max(sum(o.total_blocks for o in outs), 1)
+    return {
+        "rate": rate,
+        "cache": "pooled" if pooled else "local",
+        "policy": policy,
+        "ttft_attained": s.ttft_attained,
+        "attained": s.attained,
+        "ttft_p90": s.ttft_p90,
+        "hit": hit,
+        "mean_ttft_s": sum(o.ttft_s or 0.0 for o in done) / n,
+        "queue_s": sum(o.queue_s for o in done) / n,
+        "load_s": dict(sorted(loads.items())),
+        "compute_s": sum(o.compute_s for o in done) / n,
+    }
+
+
+# -- online role flips ----------------------------------------------------------------
+
+
+def shifted_mix(first: TraceLoad, second: TraceLoad, at_s: float) -> TraceLoad:
+    """`first`'s requests, then `second`'s from `at_s` on (block ids moved past first's)."""
+    offset = 1 + max((b for r in first.requests for b in r.blocks), default=0)
+    reqs = list(first.requests)
+    for r in second.requests:
+        blocks = tuple(b + offset for b in r.blocks)
+        reqs.append(TraceRequest(len(reqs), r.arrival_s + at_s, r.input_len, r.output_len, blocks))
+    return TraceLoad(tuple(reqs))
+
+
+def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
+    """A mix that shifts mid-run (the trace's window, then the shipped Azure conversation
+    trace's short prompts): the planner's split for the first half held fixed vs the same
+    split with the online balancer flipping roles."""
+    from kvstore.conductor.profiles import data_dir
+
+    sv = Serving(load, args)
+    half = args.window_s / 2
+    first = scale_rate(window(sv.win.serve, 0.0, half), args.online_scale)
+    azure = read_trace(data_dir() / "azure_conv_2023.csv")
+    second = window(azure, 0.0, half)
+    mix = shifted_mix(first, second, half)
+    rate = len(first.requests) / half
+    start = sv.plan(rate).prefill_nodes or max(args.gpus // 2, 1)
+    balancer = RoleBalancer(
+        sv.pool.latency, sv.slo.tbt_s, sv.pool.kv_capacity_tokens,
+        BalancerConfig(period_s=args.online_period_s),
+    )  # fmt: skip
+    static = run_split(mix, sv.pool, start, "flexible", sv.slo)
+    flips: list[tuple[float, str, str]] = []
+    control = balancer_control(balancer, sv.slo)
+
+    def record(cluster, seen):  # type: ignore[no-untyped-def]
+        before = len(cluster.role_changes)
+        control.fn(cluster, seen)
+        flips.extend((t, n, r.name) for t, n, r in cluster.role_changes[before:])
+
+    adaptive = run_split(
+        mix, sv.pool, start, "flexible", sv.slo, type(control)(record, control.period_s)
+    )
+    cut = len(first.requests)
+    return {
+        "first": f"{len(first.requests)} requests of the trace ({rate:.2f} req/s)",
+        "second": f"{len(second.requests)} Azure conversation requests",
+        "start_split": start,
+        "static": _halves(static, cut, sv.slo),
+        "online": _halves(adaptive, cut, sv.slo),
+        "flips": [{"t": t, "node": n, "role": r} for t, n, r in flips],
+        "history": balancer.history,
+    }
+
+
+def _halves(outs: list[Outcome], cut: int, slo: Slo) -> dict[str, float]:
+    def pick(o: list[Outcome]) -> float:
+        return summarize(o, slo).attained
+
+    return {"first": pick(outs[:cut]), "second": pick(outs[cut:]), "all": pick(outs)}
