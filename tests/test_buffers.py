@@ -14,6 +14,8 @@ import torch
 from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError
 from kvstore.tiers.dram import DramConfig, DramTier
+from kvstore.tiers.ssd import SsdConfig, SsdTier
+from kvstore.tiers.tiered import TieredStore
 from kvstore.transfer.shm import ShmEngine
 
 
@@ -67,13 +69,19 @@ KINDS = [
 
 
 @pytest.mark.parametrize("make", KINDS)
-def test_dram_tier_and_engines_accept_the_same_kinds(make) -> None:
-    with DramTier(DramConfig(capacity_bytes=1 << 12)) as tier:
-        tier.put("k", make())
-        out = make()
-        byte_view(out, writable=True)[:] = bytes(16)
-        assert tier.get_into("k", out) == 16
-        assert bytes(byte_view(out)) == b"0123456789abcdef"
+def test_tiers_and_engines_accept_the_same_kinds(make, tmp_path) -> None:
+    ssd = SsdTier(SsdConfig(directory=str(tmp_path), capacity_bytes=1 << 20))
+    dram = DramTier(DramConfig(capacity_bytes=1 << 12))
+    store = TieredStore([dram, ssd])
+    try:
+        for tier in (dram, ssd, store):
+            tier.put(f"k{id(tier)}", make())
+            out = make()
+            byte_view(out, writable=True)[:] = bytes(16)
+            assert tier.get_into(f"k{id(tier)}", out) == 16
+            assert bytes(byte_view(out)) == b"0123456789abcdef"
+    finally:
+        store.close()
     with ShmEngine() as engine:
         assert engine.register("b", make()).size == 16
 

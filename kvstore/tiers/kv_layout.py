@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, TooLargeError
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -122,17 +123,12 @@ def resolve_device(spec: str) -> torch.device:
 
 def block_to_bytes(block: torch.Tensor) -> memoryview:
     """Zero-copy byte view of a contiguous host tensor (e.g. one offloaded block)."""
-    if block.device.type != "cpu" or not block.is_contiguous():
-        raise BadRequestError("block_to_bytes needs a contiguous host tensor")
-    return memoryview(block.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return byte_view(block, what="block")
 
 
 def as_byte_array(data: object) -> np.ndarray:
     """A read-only uint8 numpy view of any contiguous buffer, without copying."""
-    try:
-        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
-        raise BadRequestError(f"value must be a contiguous bytes-like object: {exc}") from exc
+    return np.frombuffer(byte_view(data, what="value"), dtype=np.uint8)
 
 
 def bytes_into_block(data: object, out: torch.Tensor) -> torch.Tensor:
@@ -158,12 +154,7 @@ def bytes_as_block(data: object, layout: KVLayout) -> torch.Tensor:
 
 def writable_block(out: object, layout: KVLayout) -> torch.Tensor:
     """A writable buffer as a host block tensor [1, num_layers, 2, ...], without copying."""
-    try:
-        view = memoryview(out).cast("B")  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
-        raise BadRequestError(f"out must be a contiguous writable buffer: {exc}") from exc
-    if view.readonly:
-        raise BadRequestError("out buffer is read-only")
+    view = byte_view(out, writable=True, what="out")
     if view.nbytes < layout.block_bytes:
         raise TooLargeError(f"object of {layout.block_bytes} bytes > out buffer of {view.nbytes}")
     flat = torch.frombuffer(view, dtype=torch.uint8, count=layout.block_bytes)

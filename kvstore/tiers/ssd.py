@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from kvstore.buffers import byte_view
 from kvstore.errors import (
     BadRequestError,
     CorruptError,
@@ -127,9 +128,7 @@ class SsdTier:
     def get_into(self, key: ObjectKey, out: memoryview) -> int | None:
         """Read `key` into `out` (chunks copied as they arrive); its size, or None."""
         key = check_key(key)
-        if not isinstance(out, memoryview) or out.readonly or not out.c_contiguous:
-            raise BadRequestError("out must be a writable, contiguous memoryview")
-        out = out.cast("B")
+        out = byte_view(out, writable=True, what="out")
         obj = self._begin_read(key)
         if obj is None:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, TooLargeError
 from kvstore.tiers.direct_io import AlignedBuffer, round_up
 from kvstore.tiers.ssd_index import IndexEntry
@@ -50,12 +51,9 @@ class SsdConfig:
 
 
 def as_bytes(value: object) -> memoryview:
-    """A flat byte view of a non-empty bytes-like value; BadRequestError otherwise."""
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise BadRequestError(f"value must be bytes-like, got {type(value).__name__}")
-    if isinstance(value, memoryview) and not value.c_contiguous:
-        raise BadRequestError("value must be a contiguous buffer")
-    data = memoryview(value).cast("B")
+    """A flat byte view of a non-empty value (what kvstore.buffers.byte_view accepts:
+    bytes-like, numpy, CPU torch); BadRequestError otherwise."""
+    data = byte_view(value, what="value")
     if not data.nbytes:
         raise BadRequestError("zero-length value")
     return data

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, ExistsError, KVStoreError
 from kvstore.tiers.base import BytesLike, EvictCallback, ObjectTier, TierStats, WriteHandle
 from kvstore.types import ObjectKey, Tier, check_key
@@ -133,7 +134,7 @@ class TieredStore:
     def get_into(self, key: ObjectKey, out: memoryview | bytearray) -> int | None:
         """Copy the object into `out`; returns its size, or None when absent."""
         key = check_key(key)
-        view = memoryview(out).cast("B")
+        view = byte_view(out, writable=True, what="out")
         found = self._read(key, lambda tier: tier.get_into(key, view))
         if found is None:
             return None
