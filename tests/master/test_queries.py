@@ -103,7 +103,7 @@ def test_restore_from_rocksdb_after_restart(tmp_path: Path, clock: FakeClock) ->
     cfg = MasterConfig(node_ttl_s=10, heartbeat_interval_s=1)
     db = str(tmp_path / "meta")
     first = MasterState(cfg, clock=clock, journal=RocksJournal(db))
-    first.register_node("a", Endpoint("127.0.0.1:1", "h", "127.0.0.1:2"))
+    first.register_node("a", Endpoint("127.0.0.1:1", "h", "127.0.0.1:2", b"", "@kvstore-fd-a"))
     first.mount_segment("a", "seg", Tier.DRAM, 4096)
     commit(first, "kept", group="g")
     commit(first, "gone")
@@ -118,6 +118,7 @@ def test_restore_from_rocksdb_after_restart(tmp_path: Path, clock: FakeClock) ->
     assert getattr(found[0], "replicas", None) == kept
     assert [type(r).__name__ for r in found[1:]] == ["NotFoundError", "NotFoundError"]
     assert second.registry.nodes["a"].endpoint.rpc_address == "127.0.0.1:2"
+    assert second.registry.nodes["a"].endpoint.shm_socket == "@kvstore-fd-a"
     [locs] = second.put_start("w", "", [PutItem(ObjectKey("new"), 64)])
     assert isinstance(locs, list) and locs[0].offset != kept[0].offset  # space is not reused
     second.check_integrity()
