@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=None,
                         help="stretch arrival intervals by this (default: measured)")  # fmt: skip
     parser.add_argument("--log-dir", default=None, help="keep the nodes' stderr here")
+    parser.add_argument("--out", default="bench/out/interference",
+                        help="writes OUT.json and OUT.png ('' = neither)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = sizes_for(args.model, args.quick)
     started = time.perf_counter()
@@ -99,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "process_trouble": trouble,
     }
+    if args.out:
+        from bench.plots import plot_interference, write_outputs
+
+        png = write_outputs(report, args.out, plot_interference)
+        progress(f"wrote {args.out}.json and {png}")
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:

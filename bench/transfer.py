@@ -327,14 +327,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--no-stores", action="store_true", help="transports and baselines only")
+    parser.add_argument("--out", default="bench/out/transfer",
+                        help="writes OUT.json and OUT.png ('' = neither)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet = stdout_to_stderr() if args.json else contextlib.nullcontext()
     with quiet:
         rows, plan = measure_all(args)
+    out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
+    targets = {"target": TARGET, "mooncake_target": MOONCAKE_TARGET}
+    doc = {"bench": "transfer", **plan, **targets, "rows": out}
+    if args.out:
+        try:
+            from bench.plots import plot_transfer, write_outputs
+        except ImportError:  # python bench/transfer.py (bench/ is on sys.path)
+            from plots import plot_transfer, write_outputs  # type: ignore[no-redef]
+
+        png = write_outputs(doc, args.out, plot_transfer)
+        print(f"wrote {args.out}.json and {png}", file=sys.stderr)
     if args.json:
-        out = [asdict(r) | {"ratio": round(r.ratio, 3)} for r in rows]
-        targets = {"target": TARGET, "mooncake_target": MOONCAKE_TARGET}
-        print(json.dumps({"bench": "transfer", **plan, **targets, "rows": out}))
+        print(json.dumps(doc))
     else:
         print_table(rows)
     return 0
