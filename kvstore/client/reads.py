@@ -59,11 +59,20 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
             continue
         pending[i] = (_order(ctx, [from_pb_location(r) for r in res.replicas]), view)
         results[i] = res.size
-    attempt = 0
+    nth = dict.fromkeys(pending, 0)  # which replica each key reads next
+    retried: set[int] = set()
+    refresh = False
     while pending:
-        bad = yield from _read_round(ctx, pending, attempt, results, sums)
+        bad = yield from _read_round(ctx, pending, nth, results, sums, refresh)
         corrupt += [(keys[i], loc) for i, loc in bad]
-        attempt += 1
+        refresh = True
+        for i in pending:
+            # A transfer that failed may have used a stale endpoint (the node restarted
+            # on a new port): read the same replica once more after the refresh.
+            if isinstance(results[i], TransferError) and i not in retried:
+                retried.add(i)
+            else:
+                nth[i] += 1
     if corrupt:
         yield from _report_corrupt(ctx, corrupt)
     return results
@@ -103,21 +112,22 @@ def _order(ctx: OpContext, replicas: list[Location]) -> list[Location]:
 def _read_round(
     ctx: OpContext,
     pending: dict[int, tuple[list[Location], memoryview]],
-    attempt: int,
+    nth: dict[int, int],
     results: list[int | KVStoreError],
     sums: Sequence[int],
+    refresh: bool,
 ) -> Op[list[tuple[int, Location]]]:
-    """READ replica `attempt` of every pending key as one batch; settle what is final.
+    """READ replica `nth[i]` of every pending key i as one batch; settle what is final.
     Returns the (key index, replica) pairs whose bytes failed their checksum."""
-    for i in [i for i, (locs, _) in pending.items() if attempt >= len(locs)]:
+    for i in [i for i, (locs, _) in pending.items() if nth[i] >= len(locs)]:
         if not isinstance(results[i], KVStoreError):
             results[i] = TransferError("object has no readable replica")
         del pending[i]
     if not pending:
         return []
     order = list(pending)
-    locs = [pending[i][0][attempt] for i in order]
-    descs = yield from resolve(ctx, locs, refresh=attempt > 0)
+    locs = [pending[i][0][nth[i]] for i in order]
+    descs = yield from resolve(ctx, locs, refresh=refresh)
     transfers, owners = [], []
     for i, loc, desc in zip(order, locs, descs, strict=True):
         if desc is None:

@@ -71,6 +71,11 @@ def put_op(
         return results
     try:
         settled = yield from _write(ctx, started, views, results)
+        stale = {i: started[i] for i in started if isinstance(results[i], TransferError)}
+        if stale and settled:  # maybe an old endpoint (node restarted): once more, refreshed
+            for i in stale:
+                results[i] = None
+            settled = yield from _write(ctx, stale, views, results, refresh=True)
     except KVStoreError:
         yield from _revoke(ctx, [keys[i] for i in started])
         raise
@@ -94,10 +99,11 @@ def _write(
     started: dict[int, list[Location]],
     views: Sequence[memoryview],
     results: list[KVStoreError | None],
+    refresh: bool = False,
 ) -> Op[bool]:
     """WRITE every replica of every started key as one batch; False if not all settled."""
     flat = [(i, loc) for i, locs in started.items() for loc in locs]
-    descs = yield from resolve(ctx, [loc for _, loc in flat])
+    descs = yield from resolve(ctx, [loc for _, loc in flat], refresh=refresh)
     transfers, owners = [], []
     for (i, loc), desc in zip(flat, descs, strict=True):
         if desc is None:

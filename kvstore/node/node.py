@@ -28,6 +28,7 @@ from kvstore.node.membership import Membership, MountSpec
 from kvstore.node.segments import LocalSegment, create_dram
 from kvstore.node.tasks import TaskWorker
 from kvstore.tiers.hbm_segment import HbmSegment
+from kvstore.tiers.shm import reclaim_stale_files
 from kvstore.tiers.ssd_segment import SsdSegment
 from kvstore.transfer.base import local_host_id
 from kvstore.transfer.nixl import NixlEngine, nixl_available
@@ -81,6 +82,7 @@ class StorageNode:
 
     def _create_segments(self) -> None:
         cfg = self.config
+        reclaim_stale_files(cfg.node_id)  # /dev/shm files an old-design run of this id left
         if cfg.dram_bytes:
             self.segments.append(create_dram(cfg.node_id, cfg.dram_bytes))
         if cfg.ssd_bytes and cfg.ssd_dir:

@@ -180,11 +180,8 @@ class SsdSegment:
     def persist(self, key: str, offset: int, length: int, checksum: int) -> int:
         """Record `key` at `offset` in the index once its bytes match `checksum` (0 =
         take what is there). Returns the checksum recorded; CorruptError on mismatch."""
-        with self._lock:
-            seen = self._written.pop(offset, None)
-        if seen is not None and seen[0] == length:
-            got = seen[1]
-        else:  # written before this process started, or never: check the bytes
+        got = self._written_checksum(offset, length, checksum)
+        if got is None:  # not (wholly) written by this process: check the bytes on disk
             view, release = self.read_range(offset, length)
             try:
                 got = checksum_of(view)
@@ -197,6 +194,32 @@ class SsdSegment:
             generation = self._generation
         self.store.index.put(key, IndexEntry(offset, length, got, generation))
         return got
+
+    def _written_checksum(self, offset: int, length: int, checksum: int) -> int | None:
+        """The checksum of [offset, +length) from what this process wrote, or None.
+
+        One write of the whole object: its own checksum (compared by the caller). A
+        large object arrives as several chunk writes (the TCP engine splits it) whose
+        checksums do not compose: when they cover the range exactly, the object's
+        recorded checksum is taken; readers verify every read against it and a
+        reopen verifies it again, so a lying writer is caught, never served."""
+        with self._lock:
+            seen = self._written.get(offset)
+            if seen is not None and seen[0] == length:
+                del self._written[offset]
+                return seen[1]
+            pieces, pos = [], offset
+            while pos < offset + length:
+                piece = self._written.get(pos)
+                if piece is None:
+                    return None
+                pieces.append(pos)
+                pos += piece[0]
+            if pos != offset + length or not checksum:
+                return None
+            for start in pieces:
+                del self._written[start]
+        return checksum
 
     def forget(self, key: str, offset: int) -> bool:
         """Drop `key` from the index if it still names `offset`; whether it did."""

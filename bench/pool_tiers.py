@@ -1,0 +1,352 @@
+"""Tiered pool bench: the pool's DRAM and SSD tiers through the client, across processes.
+
+A `kvstore master` and a `kvstore node` (DRAM segment + SSD segment: the SSD tier's
+O_DIRECT slab and RocksDB index) run as processes; this process is the client.
+Baselines are measured in this run, before any store process starts (nothing else
+running): memcpy (np.copyto of the same sizes) and raw O_DIRECT reads/writes of
+the same sizes on a file in the same directory as the SSD segment.
+
+Rows:
+- DRAM-tier get (shm), checksums verified and not, vs memcpy;
+- SSD-tier put and get (TCP to the node, O_DIRECT on the node) vs raw O_DIRECT;
+- offload: DRAM -> SSD bytes/s while a put burst crosses the DRAM watermark, vs raw
+  O_DIRECT write;
+- Zipf workload over a working set 4x DRAM: hit ratio and mean get latency for
+  tiered (DRAM + SSD, offload + promotion), DRAM only (same DRAM), and one flat
+  tier of the same total capacity (all DRAM).
+
+    python bench/pool_tiers.py [--quick] [--dir DIR] [--out bench/out/pool_tiers]
+
+Writes <out>.json and <out>.png and prints a table. Targets (issue 8): SSD get/put
+>= 0.7x raw O_DIRECT at >= 1 MiB; DRAM get >= 0.7x memcpy with checksums on; Zipf
+tiered hit ratio >= 0.95x the flat tier's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.ssd_tier import RawDirect  # noqa: E402
+from kvstore.client import Client  # noqa: E402
+from kvstore.errors import NotFoundError  # noqa: E402
+from kvstore.types import Tier  # noqa: E402
+
+MIB = 1 << 20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a short run (smaller totals)")
+    p.add_argument("--dir", default=None, help="directory on the disk under test")
+    p.add_argument("--out", default="bench/out/pool_tiers", help="output path stem")
+    p.add_argument("--rounds", type=int, default=3, help="repeats per row (median)")
+    return p.parse_args(argv)
+
+
+# ---- processes ---------------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    """A master and one node as processes; `address` of the master."""
+
+    address: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _ready(proc: subprocess.Popen[bytes], prefix: bytes) -> bytes:
+    assert proc.stdout is not None
+    for _ in range(1000):
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"process exited before {prefix!r}")
+        if line.startswith(prefix):
+            return line
+    raise RuntimeError(f"no {prefix!r} line")
+
+
+@contextlib.contextmanager
+def pool(dram_mib: float, ssd_mib: float, ssd_dir: str, **master: object) -> Iterator[Pool]:
+    p = Pool()
+    py = sys.executable
+    try:
+        args = [py, "-m", "kvstore.master", "--listen", "127.0.0.1:0"]
+        for name, value in master.items():
+            args += ["--set", f"{name}={value}"]
+        m = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p.procs.append(m)
+        p.address = _ready(m, b"kvstore master listening on ").split()[4].decode()
+        node = [py, "-m", "kvstore.node", "--master", p.address, "--node-id", "bench-node",
+                "--dram-mib", str(dram_mib)]  # fmt: skip
+        if ssd_mib:
+            node += ["--ssd-dir", ssd_dir, "--ssd-mib", str(ssd_mib)]
+        n = subprocess.Popen(node, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p.procs.append(n)
+        _ready(n, b"kvstore node ")
+        yield p
+    finally:
+        p.close()
+
+
+def fresh_dir(root: str) -> str:
+    return tempfile.mkdtemp(prefix="pool-tiers-", dir=root)
+
+
+# ---- baselines ---------------------------------------------------------------------
+
+
+def median_rate(nbytes: int, fn: Callable[[], object], rounds: int) -> float:
+    """GB/s of `fn` moving `nbytes`, median of `rounds`."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return nbytes / float(np.median(times)) / 1e9
+
+
+def memcpy_rate(size: int, count: int, rounds: int) -> float:
+    src = [np.random.default_rng(i).integers(0, 256, size, np.uint8) for i in range(count)]
+    dst = np.empty(size, np.uint8)
+
+    def run() -> None:
+        for s in src:
+            np.copyto(dst, s)
+
+    return median_rate(size * count, run, rounds)
+
+
+def raw_direct_rates(root: str, size: int, count: int, rounds: int) -> tuple[float, float]:
+    path = os.path.join(fresh_dir(root), "raw.dat")
+    raw = RawDirect(path, size * count, 4)
+    buf = np.frombuffer(memoryview(bytearray(size + 4096)), np.uint8)
+    start = (-buf.ctypes.data) % 4096
+    view = memoryview(buf[start : start + size])  # page-aligned, as O_DIRECT needs
+    view[:] = os.urandom(size)
+    try:
+        write = median_rate(
+            size * count, lambda: [raw.write(view, i * size) for i in range(count)], rounds
+        )
+        read = median_rate(
+            size * count, lambda: [raw.read(view, i * size) for i in range(count)], rounds
+        )
+    finally:
+        raw.close()
+        os.unlink(path)
+    return write, read
+
+
+# ---- pool rows ---------------------------------------------------------------------
+
+
+def tier_rows(root: str, size: int, count: int, rounds: int) -> dict[str, float]:
+    """Client put/get GB/s: DRAM get (checksum on/off), SSD put and get."""
+    total = size * count
+    values = [os.urandom(size) for _ in range(count)]
+    out = np.empty(size, np.uint8)
+    mib = total * 3 / MIB + 16
+    with pool(mib, mib, fresh_dir(root), high_watermark=1.0, low_watermark=1.0) as p:
+        with Client(p.address) as c, Client(p.address, verify_dram=False) as fast:
+            c.register_buffer(out)
+            fast.register_buffer(out)
+            for i, v in enumerate(values):
+                c.put(f"d{i}", v, tier=Tier.DRAM)
+            keys = [f"d{i}" for i in range(count)]
+            dram_on = median_rate(total, lambda: [c.get_into(k, out) for k in keys], rounds)
+            dram_off = median_rate(total, lambda: [fast.get_into(k, out) for k in keys], rounds)
+            n = [0]
+
+            def ssd_put() -> None:
+                n[0] += 1
+                for i, v in enumerate(values):
+                    c.put(f"s{n[0]}-{i}", v, tier=Tier.SSD)
+                if n[0] > 1:  # keep the segment from filling up
+                    for i in range(count):
+                        c.remove(f"s{n[0] - 1}-{i}", force=True)
+
+            ssd_put_rate = median_rate(total, ssd_put, rounds)
+            last = [f"s{n[0]}-{i}" for i in range(count)]
+            ssd_get_rate = median_rate(total, lambda: [c.get_into(k, out) for k in last], rounds)
+    return {
+        "dram_get_checksum": dram_on, "dram_get_no_checksum": dram_off,
+        "ssd_put": ssd_put_rate, "ssd_get": ssd_get_rate,
+    }  # fmt: skip
+
+
+def offload_rate(root: str, total_mib: int) -> dict[str, float]:
+    """Bytes/s the node moves DRAM -> SSD while a burst crosses the DRAM watermark."""
+    dram = total_mib + 8
+    opts = {"high_watermark": 0.2, "low_watermark": 0.05, "move_bytes_per_s": 0}
+    with pool(dram, total_mib * 2, fresh_dir(root), **opts) as p, Client(p.address) as c:
+        value = os.urandom(MIB)
+        start = time.perf_counter()
+        for i in range(total_mib):
+            c.put(f"o{i}", value)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # poll the other process's counters
+            s = c.stats()
+            if s.get("moves_in_flight", 0) == 0 and s.get("offloads", 0) > 0:
+                break
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - start
+        offloads = c.stats().get("offloads", 0)
+    return {"offloaded_mib": float(offloads), "gbps": offloads * MIB / elapsed / 1e9}
+
+
+def zipf_keys(n_keys: int, n_ops: int, seed: int, a: float = 1.2) -> list[int]:
+    rng = np.random.default_rng(seed)
+    ranks = np.arange(1, n_keys + 1, dtype=np.float64)
+    p = ranks**-a
+    p /= p.sum()
+    perm = rng.permutation(n_keys)  # hot keys scattered over the key space
+    return [int(perm[i]) for i in rng.choice(n_keys, size=n_ops, p=p)]
+
+
+def zipf_run(
+    root: str, dram_mib: float, ssd_mib: float, keys: list[int], size: int
+) -> dict[str, float]:
+    """Cache workload: get; on a miss, put. Hit ratio and mean get latency (ms)."""
+    value = os.urandom(size)
+    out = np.empty(size, np.uint8)
+    hits = 0
+    lat: list[float] = []
+    with pool(dram_mib, ssd_mib, fresh_dir(root)) as p, Client(p.address) as c:
+        c.register_buffer(out)
+        for k in keys:
+            start = time.perf_counter()
+            try:
+                c.get_into(f"z{k}", out)
+                hits += 1
+            except NotFoundError:
+                c.put(f"z{k}", value)
+            lat.append(time.perf_counter() - start)
+        stats = c.stats()
+    return {
+        "hit_ratio": hits / len(keys), "mean_ms": 1000 * float(np.mean(lat)),
+        "offloads": float(stats.get("offloads", 0)),
+        "promotions": float(stats.get("promotions", 0)),
+        "evictions": float(stats.get("evictions", 0)),
+    }  # fmt: skip
+
+
+# ---- report ------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    root = args.dir or tempfile.gettempdir()
+    count_mib = 32 if args.quick else 128
+    sizes = [MIB, 16 * MIB]
+    result: dict[str, object] = {"sizes": {}, "dir": root}
+    for size in sizes:  # baselines first, with no store process alive
+        count = max(2, count_mib * MIB // size)
+        memcpy = memcpy_rate(size, count, args.rounds)
+        raw_w, raw_r = raw_direct_rates(root, size, count, args.rounds)
+        rows = tier_rows(root, size, count, args.rounds)
+        result["sizes"][str(size)] = {  # type: ignore[index]
+            "memcpy": memcpy, "raw_direct_write": raw_w, "raw_direct_read": raw_r, **rows,
+            "dram_get_vs_memcpy": rows["dram_get_checksum"] / memcpy,
+            "dram_get_no_checksum_vs_memcpy": rows["dram_get_no_checksum"] / memcpy,
+            "ssd_put_vs_raw": rows["ssd_put"] / raw_w, "ssd_get_vs_raw": rows["ssd_get"] / raw_r,
+        }  # fmt: skip
+    raw_w, _ = raw_direct_rates(root, MIB, 64, args.rounds)
+    off = offload_rate(root, 32 if args.quick else 96)
+    result["offload"] = {**off, "raw_direct_write": raw_w, "vs_raw": off["gbps"] / raw_w}
+    n_keys, size = (256, 64 << 10) if args.quick else (512, 64 << 10)
+    ws_mib = n_keys * size / MIB  # working set
+    keys = zipf_keys(n_keys, 2000 if args.quick else 6000, seed=7)
+    dram, ssd = ws_mib / 4, ws_mib / 2
+    zipf = {
+        "tiered": zipf_run(root, dram, ssd, keys, size),
+        "dram_only": zipf_run(root, dram, 0, keys, size),
+        "flat": zipf_run(root, dram + ssd, 0, keys, size),
+    }
+    zipf["tiered_vs_flat_hit_ratio"] = zipf["tiered"]["hit_ratio"] / zipf["flat"]["hit_ratio"]
+    result["zipf"] = {"working_set_mib": ws_mib, "dram_mib": dram, "ssd_mib": ssd, **zipf}
+    return result
+
+
+def print_table(r: dict[str, object]) -> None:
+    print("pool tiers through the client (GB/s, median); baselines measured alone first")
+    print(f"{'size':>8} {'memcpy':>7} {'DRAM get':>9} {'(no csum)':>9} {'x':>5}"
+          f" {'rawW':>6} {'SSD put':>8} {'x':>5} {'rawR':>6} {'SSD get':>8} {'x':>5}")  # fmt: skip
+    for size, row in r["sizes"].items():  # type: ignore[attr-defined]
+        print(
+            f"{int(size) // MIB:>6}Mi {row['memcpy']:7.2f} {row['dram_get_checksum']:9.2f} "
+            f"{row['dram_get_no_checksum']:9.2f} {row['dram_get_vs_memcpy']:5.2f} "
+            f"{row['raw_direct_write']:6.2f} {row['ssd_put']:8.2f} {row['ssd_put_vs_raw']:5.2f} "
+            f"{row['raw_direct_read']:6.2f} {row['ssd_get']:8.2f} {row['ssd_get_vs_raw']:5.2f}"
+        )
+    off = r["offload"]
+    print(f"offload DRAM->SSD: {off['gbps']:.2f} GB/s ({off['offloaded_mib']:.0f} MiB), "  # type: ignore[index]
+          f"{off['vs_raw']:.2f}x raw O_DIRECT write")  # type: ignore[index]  # fmt: skip
+    z = r["zipf"]
+    print(f"Zipf, working set {z['working_set_mib']:.0f} MiB = 4x DRAM:")  # type: ignore[index]
+    for name in ("tiered", "dram_only", "flat"):
+        row = z[name]  # type: ignore[index]
+        print(f"  {name:>10}: hit ratio {row['hit_ratio']:.3f}, mean get {row['mean_ms']:.3f} ms, "
+              f"offloads {row['offloads']:.0f}, promotions {row['promotions']:.0f}")  # fmt: skip
+    print(f"  tiered / flat hit ratio: {z['tiered_vs_flat_hit_ratio']:.3f}")  # type: ignore[index]
+
+
+def plot(r: dict[str, object], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = r["sizes"]  # type: ignore[assignment]
+    labels = [f"{int(s) // MIB} MiB" for s in rows]  # type: ignore[union-attr]
+    names = ["dram_get_vs_memcpy", "dram_get_no_checksum_vs_memcpy", "ssd_put_vs_raw",
+             "ssd_get_vs_raw"]  # fmt: skip
+    x = np.arange(len(labels))
+    for j, name in enumerate(names):
+        ax1.bar(x + j * 0.2, [rows[s][name] for s in rows], 0.2, label=name)  # type: ignore[index]
+    ax1.axhline(0.7, color="k", ls="--", lw=1)
+    ax1.set_xticks(x + 0.3, labels)
+    ax1.set_ylabel("ratio to baseline (same run)")
+    ax1.legend(fontsize=7)
+    z = r["zipf"]  # type: ignore[assignment]
+    modes = ["tiered", "dram_only", "flat"]
+    ax2.bar(modes, [z[m]["hit_ratio"] for m in modes])  # type: ignore[index]
+    ax2.set_ylabel("hit ratio (Zipf, working set 4x DRAM)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    result = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2))
+    plot(result, args.out + ".png")
+    print_table(result)
+    print(f"wrote {args.out}.json and {args.out}.png")
+
+
+if __name__ == "__main__":
+    main()
