@@ -40,10 +40,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ssd_tier import RawDirect  # noqa: E402
-from kvstore.client import Client  # noqa: E402
-from kvstore.errors import NotFoundError  # noqa: E402
-from kvstore.types import Tier  # noqa: E402
+from bench.ssd_tier import RawDirect
+from kvstore.client import Client
+from kvstore.errors import NotFoundError
+from kvstore.types import Tier
 
 MIB = 1 << 20
 
@@ -169,28 +169,31 @@ def tier_rows(root: str, size: int, count: int, rounds: int) -> dict[str, float]
     values = [os.urandom(size) for _ in range(count)]
     out = np.empty(size, np.uint8)
     mib = total * 3 / MIB + 16
-    with pool(mib, mib, fresh_dir(root), high_watermark=1.0, low_watermark=1.0) as p:
-        with Client(p.address) as c, Client(p.address, verify_dram=False) as fast:
-            c.register_buffer(out)
-            fast.register_buffer(out)
+    opts = {"high_watermark": 1.0, "low_watermark": 1.0}
+    with (
+        pool(mib, mib, fresh_dir(root), **opts) as p,
+        Client(p.address) as c,
+        Client(p.address, verify_dram=False) as fast,
+    ):
+        c.register_buffer(out)
+        fast.register_buffer(out)
+        for i, v in enumerate(values):
+            c.put(f"d{i}", v, tier=Tier.DRAM)
+        keys = [f"d{i}" for i in range(count)]
+        dram_on = median_rate(total, lambda: [c.get_into(k, out) for k in keys], rounds)
+        dram_off = median_rate(total, lambda: [fast.get_into(k, out) for k in keys], rounds)
+        times = []
+        for r in range(rounds):
+            if r:  # keep the segment from filling up (not timed)
+                for i in range(count):
+                    c.remove(f"s{r - 1}-{i}", force=True)
+            start = time.perf_counter()
             for i, v in enumerate(values):
-                c.put(f"d{i}", v, tier=Tier.DRAM)
-            keys = [f"d{i}" for i in range(count)]
-            dram_on = median_rate(total, lambda: [c.get_into(k, out) for k in keys], rounds)
-            dram_off = median_rate(total, lambda: [fast.get_into(k, out) for k in keys], rounds)
-            n = [0]
-
-            def ssd_put() -> None:
-                n[0] += 1
-                for i, v in enumerate(values):
-                    c.put(f"s{n[0]}-{i}", v, tier=Tier.SSD)
-                if n[0] > 1:  # keep the segment from filling up
-                    for i in range(count):
-                        c.remove(f"s{n[0] - 1}-{i}", force=True)
-
-            ssd_put_rate = median_rate(total, ssd_put, rounds)
-            last = [f"s{n[0]}-{i}" for i in range(count)]
-            ssd_get_rate = median_rate(total, lambda: [c.get_into(k, out) for k in last], rounds)
+                c.put(f"s{r}-{i}", v, tier=Tier.SSD)
+            times.append(time.perf_counter() - start)
+        ssd_put_rate = total / float(np.median(times)) / 1e9
+        last = [f"s{rounds - 1}-{i}" for i in range(count)]
+        ssd_get_rate = median_rate(total, lambda: [c.get_into(k, out) for k in last], rounds)
     return {
         "dram_get_checksum": dram_on, "dram_get_no_checksum": dram_off,
         "ssd_put": ssd_put_rate, "ssd_get": ssd_get_rate,
