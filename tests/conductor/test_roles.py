@@ -1,0 +1,69 @@
+"""The split search (a fake evaluator with a known optimum) and the online role balancer's
+hysteresis (models in helpers.py: prefill 0.1 ms per token, decode step 10 ms + 1 ms per
+sequence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.conductor.api import Request, Role
+from kvstore.conductor.planner import search_split
+from kvstore.conductor.roles import BalancerConfig, Flip, RoleBalancer
+from kvstore.errors import BadRequestError
+from tests.conductor.helpers import LAT, node
+
+
+def test_search_finds_the_best_split_beyond_its_first_radius() -> None:
+    calls: list[int] = []
+
+    def evaluate(k: int) -> float:  # colocated 0.5; splits peak at 7 prefill nodes
+        calls.append(k)
+        return 0.5 if k == 0 else 1.0 - abs(k - 7) / 10
+
+    got = search_split(evaluate, 10, start=3, radius=1)
+    assert (got.prefill_nodes, got.met) == (7, True)
+    assert calls == [0, 2, 3, 4, 5, 6, 7, 8]  # colocated, 3 +- 1, then up while it improves
+    assert got.tried[7] == pytest.approx(1.0) and "attainment 1.000" in got.reason
+
+
+def test_search_prefers_colocated_when_it_wins_and_says_when_nothing_meets() -> None:
+    got = search_split(lambda k: 0.95 if k == 0 else 0.5, 8, start=4)
+    assert got.prefill_nodes == 0 and got.met
+    low = search_split(lambda k: 0.1 * k, 6, start=2, target=0.9)
+    assert (low.prefill_nodes, low.met) == (5, False)
+    assert (
+        low.reason.startswith("no split tried meets")
+        and "closest: 5 prefill at 0.500" in low.reason
+    )
+    with pytest.raises(BadRequestError):
+        search_split(lambda k: 1.0, 1, start=1)
+
+
+def _period(prompt: int, output: int, n: int = 60) -> list[Request]:
+    return [Request(str(i), float(i), prompt, output) for i in range(n)]
+
+
+def test_balancer_flips_only_after_patience_and_one_node_at_a_time() -> None:
+    bal = RoleBalancer(LAT, tbt_slo_s=0.05, kv_capacity_tokens=1_000_000,
+                       config=BalancerConfig(period_s=60.0, patience=2))  # fmt: skip
+    pool = [node("p0", Role.PREFILL), node("d0", Role.DECODE, wait=0.0, running=3),
+            node("d1", Role.DECODE, running=1), node("d2", Role.DECODE, running=2)]  # fmt: skip
+    # 1 req/s of 20,000-token prompts: 2 s of prefill per second -> prefill wants most nodes
+    heavy = _period(20_000, 10)
+    assert bal.observe(heavy, pool) == []  # first period: patience
+    flips = bal.observe(heavy, pool)
+    assert [f.node_id for f in flips] == ["d1"]  # the least busy decode node, one per period
+    assert flips[0].role == Role.PREFILL and flips[0].reason.startswith("demand split")
+    assert isinstance(flips[0], Flip)
+
+
+def test_balancer_holds_still_under_alternating_noise_and_quiet_periods() -> None:
+    bal = RoleBalancer(LAT, 0.05, 1_000_000, BalancerConfig(patience=2))
+    pool = [node("p0", Role.PREFILL), node("p1", Role.PREFILL),
+            node("d0", Role.DECODE), node("d1", Role.DECODE)]  # fmt: skip
+    heavy, light = _period(20_000, 10), _period(100, 2000)
+    for _ in range(3):  # up, down, up, down...: the streak resets each time
+        assert bal.observe(heavy, pool) == []
+        assert bal.observe(light, pool) == []
+    assert bal.observe([], pool) == []  # a quiet period changes nothing
+    assert [want for _, want in bal.history] == [3, 1] * 3
