@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,6 +122,33 @@ def via_client(client: ConductorClient, spec: spb.GenerationSpec, out: Samples) 
     return tokens
 
 
+def cli_runs(conductor: str, model: str, sizes: Sizes, runs: int) -> dict[str, float]:
+    """`kvstore generate --json` as a subprocess: its own TTFT (call to first token, in
+    the process) over the conductor's own TTFT for the same request, and the wall time
+    of the whole process (Python start and imports included)."""
+    rng = random.Random(1)
+    ratios, ttfts, walls = [], [], []
+    for _ in range(runs):
+        prompt = "".join(chr(rng.randrange(97, 123)) for _ in range(sizes.prompt_tokens - 1))
+        started = time.perf_counter()
+        res = subprocess.run(
+            [sys.executable, "-m", "cli.main", "generate", prompt, "--conductor", conductor,
+             "--model", model, "--max-tokens", str(sizes.max_tokens), "--json"],
+            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+            check=True,
+        )  # fmt: skip
+        walls.append(time.perf_counter() - started)
+        doc = json.loads(res.stdout)
+        ttfts.append(doc["ttft_s"])
+        ratios.append(doc["ttft_s"] / doc["conductor_ttft_s"])
+    return {
+        "runs": runs,
+        "ttft_p50_s": p50(ttfts),
+        "ttft_over_conductor_own_p50": p50(ratios),
+        "process_wall_p50_s": p50(walls),
+    }
+
+
 def measure(addresses: tuple[str, str, str], model: str, sizes: Sizes) -> dict[str, Samples]:
     prefill, decode, conductor = addresses
     rng = random.Random(0)
@@ -202,6 +230,13 @@ def table(rep: dict[str, object]) -> str:
         f"(+{rep['ttft_overhead_ms']:.2f} ms), total {rep['total_ratio']:.3f}x "
         f"(+{rep['total_overhead_ms']:.2f} ms)",
     ]
+    cli = rep.get("kvstore_generate")
+    if isinstance(cli, dict):
+        lines.append(
+            f"kvstore generate (subprocess, {cli['runs']} runs): its TTFT p50 "
+            f"{cli['ttft_p50_s'] * 1e3:.2f} ms = {cli['ttft_over_conductor_own_p50']:.3f}x the "
+            f"conductor's own; whole process {cli['process_wall_p50_s']:.2f} s (Python start)"
+        )
     return "\n".join(lines)
 
 
@@ -222,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="conductor-bench-") as logs,
         Launcher(log_dir=logs) as launcher,
     ):
-        results = measure(start(launcher, args.model), args.model, sizes)
+        addresses = start(launcher, args.model)
+        results = measure(addresses, args.model, sizes)
+        cli = cli_runs(addresses[2], args.model, sizes, 3 if args.quick else 8)
     rep = report(results, sizes, args.model)
+    rep["kvstore_generate"] = cli
     print(json.dumps(rep) if args.json else table(rep))
     return 0
 
