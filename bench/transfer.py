@@ -1,6 +1,6 @@
 """Transfer-engine bench: GB/s of get (READ) and put (WRITE) across processes.
 
-A server process exposes a /dev/shm segment (python -m kvstore.transfer.serve);
+A server process exposes a shared-memory segment (python -m kvstore.transfer.serve);
 this process reads/writes objects of 64 KiB, 1 MiB and 16 MiB from/to it through
 each transport, as one batch per repeat. Baselines measured in the same run:
 memcpy (numpy copy of the same objects, one process) and a raw socket (plain
