@@ -1,6 +1,7 @@
 """A segment a client contributes to the pool, as in Mooncake: the client process
 becomes a storage node named by its client id (a shared-memory DRAM segment served
-over TCP and by fd to same-host peers, registered and heart-beating), and its puts prefer that node."""
+over TCP and by fd to same-host peers, registered and heart-beating), and its puts
+prefer that node."""
 
 from __future__ import annotations
 

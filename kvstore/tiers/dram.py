@@ -1,8 +1,9 @@
 """The DRAM tier: objects packed into one shared-memory segment, LRU-evicted.
 
 All objects live in a single shared-memory segment, so a peer process on the host
-can map it (by fd, once the segment serves) and read an object one-sided at the range `locate` returns (protect it
-with a `lease` meanwhile). Ranges come from an O(1) `OffsetAllocator`.
+can map it (by fd, once the segment serves) and read an object one-sided at the
+range `locate` returns (protect it with a `lease` meanwhile). Ranges come from an
+O(1) `OffsetAllocator`.
 
 Object states (see kvstore.tiers.base):
 
