@@ -10,6 +10,7 @@
     kvstore pin KEY... [--ttl-s S]      soft pin; kvstore unpin KEY...
     kvstore evict KEY... | --prefix P | --tier T --watermark W  [--force] [--dry-run]
     kvstore drain NODE [--force]        (cli/drain.py)
+    kvstore uncordon NODE               new replicas may go to a drained node again
 
 Exit codes: cli/errors.py (0 ok, 2 usage, 3 not found, 4 unavailable, 5 refused, ...).
 """
@@ -69,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = add("drain", "move a node's objects away, then unmount its segments", drain.run)
     drain.add_arguments(p)
+    p = add("uncordon", "let new replicas go to a drained (cordoned) node again", run_uncordon)
+    p.add_argument("node")
 
 
 # ---- status and nodes -------------------------------------------------------
@@ -324,4 +327,13 @@ def run_lookup(args: argparse.Namespace) -> int:
         ]
     ).rstrip()
     emit(args, doc, text)
+    return 0
+
+
+def run_uncordon(args: argparse.Namespace) -> int:
+    with master_api(args) as api:
+        res = api.call("Cordon", master_pb2.CordonRequest(node_id=args.node, cordon=False))
+    cordoned = list(res.cordoned)
+    emit(args, {"node": args.node, "cordoned": cordoned},
+         f"uncordoned {args.node}; cordoned now: {', '.join(cordoned) or 'none'}")  # fmt: skip
     return 0
