@@ -69,7 +69,9 @@ class MoveBroker:
             await self._throttler.acquire()
             self._credit -= TOKEN_BYTES
 
-    async def wait_persisted(self, task_ids: Sequence[int], timeout_s: float) -> KVStoreError | None:
+    async def wait_persisted(
+        self, task_ids: Sequence[int], timeout_s: float
+    ) -> KVStoreError | None:
         """Wait until the nodes report these PERSIST moves; the first error, if any."""
         loop = asyncio.get_running_loop()
         futures = []

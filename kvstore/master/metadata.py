@@ -446,8 +446,10 @@ class MasterState:
         for key, obj in self.objects.items():
             assert obj.key == key, f"object indexed under {key!r} is {obj.key!r}"
             assert obj.replicas, f"{key!r} has no replica"
-            nodes = [r.node_id for r in obj.replicas]
-            assert len(set(nodes)) == len(nodes), f"{key!r} has two replicas on one node"
+            # Replicas for redundancy sit on distinct nodes; one node may also hold a copy
+            # in another tier (a promotion keeps its SSD copy), never two in one tier.
+            places = [(r.node_id, r.tier) for r in obj.replicas]
+            assert len(set(places)) == len(places), f"{key!r} has two replicas in one tier"
             assert (key in self.writing) == (obj.state is ObjectState.WRITING), key
             for loc in obj.replicas:
                 seg = self.registry.segments[(loc.node_id, loc.segment)]

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from kvstore.errors import CorruptError, KVStoreError
 from kvstore.master.eviction import group_evictable
-from kvstore.master.model import ObjectMeta, ObjectState, Segment
+from kvstore.master.model import ObjectMeta, Segment
 from kvstore.types import Location, Tier
 
 if TYPE_CHECKING:
@@ -347,6 +347,7 @@ class Tiering:
 
     def on_unmount(self, node_id: str, name: str) -> None:
         """A segment left: moves touching it end now (its ranges are gone with it)."""
+
         def touches(m: Move) -> bool:
             locs = [m.dst] if m.src is None else [m.dst, m.src]
             return any((loc.node_id, loc.segment) == (node_id, name) for loc in locs)
@@ -419,4 +420,4 @@ def is_durable(tier: Tier) -> bool:
     return tier in DURABLE_TIERS
 
 
-__all__ = ["DURABLE_TIERS", "Move", "MoveKind", "MoveResult", "Purpose", "Tiering", "ObjectState"]
+__all__ = ["DURABLE_TIERS", "Move", "MoveKind", "MoveResult", "Purpose", "Tiering"]

@@ -6,6 +6,7 @@ segment is the SSD tier's slab file + RocksDB index in its own directory.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,8 +146,8 @@ def test_sigkill_mid_offload_loses_and_duplicates_nothing(tmp_path: Path) -> Non
         after = objects(cluster)  # raises if a key is listed twice
         assert before <= set(after)
         for key, info in after.items():
-            nodes = [r.node_id for r in info.replicas]
-            assert len(nodes) == len(set(nodes))  # no duplicated replica
+            places = [(r.node_id, r.tier) for r in info.replicas]
+            assert len(places) == len(set(places))  # no duplicated replica
             assert c.get(key) == blob(int(key[1:]), MIB // 2)  # and never wrong bytes
 
 
@@ -238,3 +239,41 @@ def test_restarted_node_reclaims_its_old_dev_shm_files(cluster: Cluster) -> None
     finally:
         stale.unlink(missing_ok=True)
         other.unlink(missing_ok=True)
+
+
+def _hbm_cascade(tmp_path: Path, device: str, ssd: bool = True) -> None:
+    opts = {"high_watermark": 0.75, "low_watermark": 0.5}
+    ssd_bytes = 32 * MIB if ssd else 0
+    with Cluster(
+        nodes=0, dram_bytes=4 * MIB, ssd_bytes=ssd_bytes, master_options=opts, workdir=tmp_path
+    ) as cluster:
+        node = cluster.start_node(wait=False, extra=["--hbm-mib", "2", "--hbm-device", device])
+        node.segments += 1
+        cluster.wait_node(node)
+        with Client(cluster.address) as c:
+            n = 12 if ssd else 5  # without SSD: what HBM + DRAM hold
+            for i in range(n):  # placement takes the fastest tier first: HBM
+                c.put(f"h{i}", blob(i))
+            cluster.wait_stats(settled, 30)
+            for i in range(n):
+                assert c.get(f"h{i}") == blob(i)
+        stats = cluster.stats()
+        by_tier = {g.tier: g for g in stats.segments}
+        assert set(by_tier) == ({Tier.HBM, Tier.DRAM, Tier.SSD} if ssd else {Tier.HBM, Tier.DRAM})
+        assert by_tier[Tier.HBM].bytes_in > 0  # puts landed in device memory
+        assert by_tier[Tier.DRAM].offloads_in > 0
+        assert not ssd or by_tier[Tier.SSD].offloads_in > 0
+        assert stats.failed_moves == 0
+
+
+def test_hbm_segment_on_the_cpu_device_offloads_to_dram_then_ssd(tmp_path: Path) -> None:
+    _hbm_cascade(tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+def test_hbm_segment_on_cuda_offloads_to_dram_then_ssd(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    # The device image may lack rocksdict (the SSD index): then HBM -> DRAM only.
+    _hbm_cascade(tmp_path, "cuda", ssd=importlib.util.find_spec("rocksdict") is not None)
