@@ -8,9 +8,9 @@ What is exported:
 - every gRPC server (kvstore.edge): `kvstore_rpc_seconds{component,method,code}`;
 - the master (`MasterCollector`): per node, tier and segment `kvstore_tier_capacity_bytes`,
   `_used_bytes`, `_objects`, `_hits_total`, `_evictions_total`, `_bytes_in_total`,
-  `_bytes_out_total`, and whatever per-tier counters the master's Stats carries
-  (offloads, promotions, corrupt replicas: read with a default of 0, so an older master
-  exports zeros); pool totals `kvstore_pool_*`; nodes alive and heartbeat ages;
+  `_bytes_out_total`, and the tier-move counters (`_offloads_in_total`,
+  `_promotions_in_total`, `_corrupt_total`: read with a default of 0, so a master core
+  without them exports zeros); pool totals `kvstore_pool_*`; nodes alive and heartbeat ages;
 - serving nodes and the conductor (`ServingMetrics`): TTFT and TBT histograms, queue depth.
 
 A collector runs on the HTTP server's thread; the master's state belongs to its asyncio
@@ -34,11 +34,12 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Per-segment counters a master's Stats may carry; absent ones export as 0.
 SEGMENT_COUNTERS = (
-    "hits", "evictions", "bytes_in", "bytes_out", "offloads", "promotions", "corrupt_replicas",
+    "hits", "evictions", "bytes_in", "bytes_out", "offloads_in", "promotions_in", "corrupt",
 )  # fmt: skip
 POOL_COUNTERS = (
     "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas",
-    "offloads", "promotions", "corrupt_replicas",
+    "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "adopted",
+    "failed_moves",
 )  # fmt: skip
 
 

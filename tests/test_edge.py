@@ -79,7 +79,7 @@ def test_master_serves_health_reflection_and_metrics() -> None:
         assert _metric(text, "kvstore_tier_objects", **seg) == 1
         assert _metric(text, "kvstore_tier_hits_total", **seg) == 1
         assert _metric(text, "kvstore_tier_bytes_in_total", **seg) == 1000
-        assert _metric(text, "kvstore_tier_offloads_total", **seg) == 0  # read with a default
+        assert _metric(text, "kvstore_tier_offloads_in_total", **seg) == 0  # read with a default
         assert _metric(text, "kvstore_pool_misses_total") == 1
         assert _metric(text, "kvstore_nodes") == 1
         count = "kvstore_rpc_seconds_count"
@@ -127,3 +127,27 @@ def test_sync_channel_to_nowhere_fails_as_unavailable() -> None:
     with edge.sync_channel("127.0.0.1:1") as ch, pytest.raises(grpc.RpcError) as err:
         master_pb2_grpc.MasterStub(ch).Stats(master_pb2.StatsRequest(), timeout=1)
     assert isinstance(edge.rpc_error(err.value), UnavailableError)
+
+
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    """Every metric docs/grafana-kvstore.json queries is declared by a kvstore server."""
+    import json
+    import re
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[1] / "docs" / "grafana-kvstore.json").read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    wanted = {re.sub(r"_(bucket|count|sum)$", "", m) for e in exprs for m in
+              re.findall(r"kvstore_[a-z_]+", e)}  # fmt: skip
+
+    async def body() -> str:
+        handle = await serve(MasterConfig(listen="127.0.0.1:0"), metrics_listen="127.0.0.1:0")
+        try:
+            return await asyncio.to_thread(_scrape, handle.metrics_address)
+        finally:
+            await handle.stop()
+
+    text = asyncio.run(body())
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    declared |= {n.removesuffix("_total") for n in declared} | {f"{n}_total" for n in declared}
+    assert wanted and wanted <= declared, sorted(wanted - declared)
