@@ -57,9 +57,18 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# gRPC's own RESOURCE_EXHAUSTED for a message over the channel's limit: the request was
+# too big, not the pool full (e.g. "Received message larger than max (70000000 vs. 67108864)")
+_TOO_LARGE_MESSAGE = ("larger than max", "message too large")
+
+
 def error_for_status(code: grpc.StatusCode, message: str) -> errors.KVStoreError:
     """The KVStoreError a client raises for a failed RPC."""
     cls = _FROM_STATUS.get(code, errors.KVStoreError)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        m in message.lower() for m in _TOO_LARGE_MESSAGE
+    ):
+        cls = errors.TooLargeError
     return cls(f"{code.name}: {message}")
 
 

@@ -151,3 +151,25 @@ def test_grafana_dashboard_uses_only_exported_metrics() -> None:
     declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     declared |= {n.removesuffix("_total") for n in declared} | {f"{n}_total" for n in declared}
     assert wanted and wanted <= declared, sorted(wanted - declared)
+
+
+def test_message_over_the_limit_is_too_large_not_no_space() -> None:
+    """gRPC's RESOURCE_EXHAUSTED for an oversized message reads back as TooLargeError."""
+    from kvstore.errors import NoSpaceError, TooLargeError
+
+    async def body() -> None:
+        handle = await serve(MasterConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20))
+        try:
+            async with edge.aio_channel(handle.address) as ch:
+                keys = [f"k{i:08d}" for i in range(200_000)]  # ~2.4 MB > the 1 MiB limit
+                with pytest.raises(grpc.RpcError) as err:
+                    await master_pb2_grpc.MasterStub(ch).BatchLookup(
+                        master_pb2.BatchLookupRequest(keys=keys)
+                    )
+            exc = edge.rpc_error(err.value)
+            assert isinstance(exc, TooLargeError), exc
+            assert not isinstance(exc, NoSpaceError)
+        finally:
+            await handle.stop()
+
+    asyncio.run(body())
