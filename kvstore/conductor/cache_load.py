@@ -64,7 +64,9 @@ class CacheLoadConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class _Candidate:
+class Candidate:
+    """A prefill node with its predicted prefill and the decode side paired with it."""
+
     node: NodeState
     pre: PrefillEstimate
     dec: DecodeEstimate
@@ -132,10 +134,10 @@ class CacheLoadPolicy(PolicyBase):
         view: ClusterView,
         nodes: tuple[NodeState, ...],
         matches: dict[str, PrefixMatch],
-    ) -> list[_Candidate]:
+    ) -> list[Candidate]:
         """Every prefill node with its TTFT and decode pairing; raises when no KV fits.
         Nodes with the same decode candidates share one decode choice (computed once)."""
-        cands: list[_Candidate] = []
+        cands: list[Candidate] = []
         error: RejectedError | None = None
         pairing: dict[tuple[str, ...], DecodeEstimate | RejectedError] = {}
         for node in nodes:
@@ -149,13 +151,13 @@ class CacheLoadPolicy(PolicyBase):
             if isinstance(dec, RejectedError):
                 error = dec
                 continue
-            cands.append(_Candidate(node, self.est.prefill_on(req, node, matches, view), dec))
+            cands.append(Candidate(node, self.est.prefill_on(req, node, matches, view), dec))
         if not cands:
             assert error is not None
             raise error
         return cands
 
-    def _balanced(self, cands: list[_Candidate], nodes: tuple[NodeState, ...]) -> _Candidate:
+    def _balanced(self, cands: list[Candidate], nodes: tuple[NodeState, ...]) -> Candidate:
         """Min TTFT, unless that node is overloaded and a near-as-fast one is not."""
         pos = {n.node_id: i for i, n in enumerate(nodes)}
         turn = self._turn
@@ -168,7 +170,7 @@ class CacheLoadPolicy(PolicyBase):
         ok = [c for c in cands if c.node.est_queue_wait_s <= limit and c.pre.ttft_s <= bound]
         return self._min_ttft(ok, pos, turn) if ok else best
 
-    def _min_ttft(self, cands: list[_Candidate], pos: dict[str, int], turn: int) -> _Candidate:
+    def _min_ttft(self, cands: list[Candidate], pos: dict[str, int], turn: int) -> Candidate:
         """The lowest TTFT; near-ties go to the first node at or after position `turn`
         in cluster order, so that idle nodes take turns."""
         low = min(c.pre.ttft_s for c in cands)
@@ -181,7 +183,7 @@ class CacheLoadPolicy(PolicyBase):
         req: Request,
         view: ClusterView,
         dnode: NodeState,
-        best: _Candidate,
+        best: Candidate,
         matches: dict[str, PrefixMatch],
     ) -> PrefillEstimate | None:
         """Prefill on the decode node when sooner than remote prefill + KV move and its
@@ -199,7 +201,7 @@ class CacheLoadPolicy(PolicyBase):
         self,
         req: Request,
         view: ClusterView,
-        best: _Candidate,
+        best: Candidate,
         matches: dict[str, PrefixMatch],
         ttft_slo_s: float,
     ) -> Decision:

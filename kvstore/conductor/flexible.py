@@ -39,7 +39,7 @@ from typing import Any
 from kvstore.conductor import admission
 from kvstore.conductor.api import ClusterView, Decision, NodeState, PrefixMatch, Request
 from kvstore.conductor.base import serving_prefill_nodes, too_long
-from kvstore.conductor.cache_load import CacheLoadConfig, CacheLoadPolicy, _Candidate
+from kvstore.conductor.cache_load import CacheLoadConfig, CacheLoadPolicy, Candidate
 from kvstore.conductor.conditional import stretched_tbt_s
 from kvstore.conductor.estimate import DecodeEstimate, PrefillEstimate
 from kvstore.errors import BadRequestError
@@ -174,6 +174,6 @@ class FlexiblePolicy(CacheLoadPolicy):
         by_node: dict[str, _Option] = {}
         for o in sorted(cheap, key=lambda o: not o.local):
             by_node.setdefault(o.node.node_id, o)
-        cands = [_Candidate(o.node, o.pre, o.dec) for o in by_node.values()]
+        cands = [Candidate(o.node, o.pre, o.dec) for o in by_node.values()]
         best = self._balanced(cands, tuple(o.node for o in by_node.values()))
         return by_node[best.node.node_id]
