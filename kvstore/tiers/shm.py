@@ -304,11 +304,13 @@ class FdServer:
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self.refused = 0  # connections closed unanswered: over the limit or another uid
+        self._refused = 0  # connections closed unanswered: over the limit or another uid
 
     def add(self, segment: SharedSegment) -> None:
+        """Serve `segment` by its name (BadRequestError if a live one has that name)."""
         with self._lock:
-            if segment.name in self._segments:
+            ref = self._segments.get(segment.name)
+            if ref is not None and ref() is not None:
                 raise BadRequestError(f"a segment named {segment.name!r} is already served")
             self._segments[segment.name] = weakref.ref(segment)
 
@@ -322,8 +324,24 @@ class FdServer:
             return True
 
     def names(self) -> list[str]:
+        """Names served now (a segment dropped without close() no longer counts)."""
         with self._lock:
-            return list(self._segments)
+            return [name for name, ref in self._segments.items() if ref() is not None]
+
+    @property
+    def refused(self) -> int:
+        """Connections closed unanswered: over `max_connections` or another user."""
+        with self._lock:
+            return self._refused
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every live entry is an open owner under its name."""
+        with self._lock:
+            for name, ref in self._segments.items():
+                segment = ref()
+                if segment is not None:
+                    assert segment.name == name, f"{name!r} maps to {segment.name!r}"
+                    assert segment.owner and not segment.closed, f"{name!r} is not served open"
 
     @property
     def running(self) -> bool:
@@ -364,8 +382,7 @@ class FdServer:
             except OSError:
                 return  # stopped (shutdown/close) or the socket broke
             if not self._slots.acquire(blocking=False):
-                self.refused += 1
-                conn.close()
+                self._refuse(conn)
                 continue
             threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
 
@@ -374,13 +391,18 @@ class FdServer:
             with conn:
                 conn.settimeout(self.timeout_s)
                 if not _same_user(conn):
-                    self.refused += 1
+                    self._refuse(conn)
                     return
                 self._answer(conn)
         except OSError as e:
             log.debug("fd request dropped: %s", e)
         finally:
             self._slots.release()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._refused += 1
+        conn.close()
 
     def _answer(self, conn: socket.socket) -> None:
         data, _, flags, _ = conn.recvmsg(MAX_NAME_BYTES + 1)
@@ -400,7 +422,9 @@ class FdServer:
     def _lookup(self, name: str) -> tuple[int, int]:
         with self._lock:
             ref = self._segments.get(name)
-        segment = ref() if ref is not None else None
+            segment = ref() if ref is not None else None
+            if ref is not None and segment is None:  # dropped without close()
+                del self._segments[name]
         if segment is None:
             raise NotFoundError(f"no segment {name!r} served here")
         return segment.dup_fd(), segment.size

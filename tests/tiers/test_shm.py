@@ -3,6 +3,7 @@ a killed owner leaves nothing, the server's robustness, reclaiming old /dev/shm 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -14,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.errors import BadRequestError, NoSpaceError, NotFoundError, UnavailableError
+from kvstore.errors import (
+    BadRequestError,
+    NoSpaceError,
+    NotFoundError,
+    TransferError,
+    UnavailableError,
+)
 from kvstore.tiers.shm import (
     FdServer,
     SharedSegment,
@@ -33,6 +40,7 @@ def server() -> Iterator[FdServer]:
     srv = FdServer(timeout_s=30.0)  # long: a silent peer must not be what unblocks others
     srv.start()
     yield srv
+    srv.check_integrity()
     srv.stop()
 
 
@@ -150,6 +158,37 @@ def test_an_overlong_name_is_refused_not_truncated(segment: SharedSegment) -> No
         sock.sendall(segment.name.encode() + b"x" * 300)
         data, fds, _, _ = socket.recv_fds(sock, 2048, 1)
     assert data.startswith(b"NO") and b"too long" in data and fds == []
+
+
+def test_connections_over_the_limit_are_refused_not_queued() -> None:
+    srv = FdServer(timeout_s=30.0, max_connections=1)
+    srv.start()
+    try:
+        seg = SharedSegment.create(new_segment_name("test-shm"), 4096)
+        seg.serve(srv)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+            silent.connect("\0" + srv.address[1:])  # takes the one handler slot
+            with pytest.raises(TransferError):  # closed unanswered at once, not after 30 s
+                SharedSegment.attach(seg.name, srv.address, timeout_s=10.0)
+            assert srv.refused == 1
+        seg.close()
+    finally:
+        srv.stop()
+
+
+def test_a_dropped_unclosed_segment_is_no_longer_served(server: FdServer) -> None:
+    seg = SharedSegment.create(new_segment_name("test-shm"), 4096)
+    name = seg.name
+    seg.serve(server)
+    del seg
+    gc.collect()
+    assert server.names() == [] and holders(name) == []  # fd closed by its finalizer
+    with pytest.raises(NotFoundError):
+        SharedSegment.attach(name, server.address)
+    again = SharedSegment.create(name, 4096)  # the name is free again
+    again.serve(server)
+    server.check_integrity()
+    again.close()
 
 
 def test_stop_closes_the_socket_and_returns_with_a_silent_peer_connected() -> None:
