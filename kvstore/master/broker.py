@@ -33,6 +33,7 @@ class MoveBroker:
         self._credit = 0  # bytes dispatched not yet charged a whole token
         self._wakeups: dict[str, asyncio.Event] = {}
         self._waiting: dict[int, asyncio.Future[MoveResult]] = {}
+        self._pollers: set[str] = set()  # nodes that have long-polled for tasks
 
     def wake(self) -> None:
         """Wake the long polls of every node with moves pending (after any state change)."""
@@ -46,6 +47,7 @@ class MoveBroker:
     ) -> list[Move]:
         """Apply `done`, then hand out up to `limit` moves (waiting up to `wait_s` for one)."""
         self.state.registry.node(node_id)  # NotFoundError: register first
+        self._pollers.add(node_id)
         for res in self.state.complete_moves(node_id, done):
             fut = self._waiting.pop(res.task_id, None)
             if fut is not None and not fut.done():
@@ -73,6 +75,11 @@ class MoveBroker:
         self, task_ids: Sequence[int], timeout_s: float
     ) -> KVStoreError | None:
         """Wait until the nodes report these PERSIST moves; the first error, if any."""
+        # Only nodes that run tasks (they long-poll) can be waited for; a node that never
+        # polled (a fake in a test, a process without a task worker) is not waited on.
+        task_ids = [t for t in task_ids if self.state.tiering.node_of(t) in self._pollers]
+        if not task_ids:
+            return None
         loop = asyncio.get_running_loop()
         futures = []
         for task_id in task_ids:

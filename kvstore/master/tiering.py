@@ -124,6 +124,11 @@ class Tiering:
             out.append(move)
         return out
 
+    def node_of(self, task_id: int) -> str | None:
+        """The node a queued or in-flight move belongs to (None: no such move)."""
+        move = self.inflight.get(task_id) or self._pending_move(task_id)
+        return None if move is None else move.node_id
+
     def moves_in_flight(self) -> int:
         return len(self.inflight) + sum(len(q) for q in self.pending.values())
 
@@ -210,7 +215,7 @@ class Tiering:
         state = self.state
         slower = [r for r in obj.replicas if r.tier > seg.tier]
         if slower:  # a slower copy exists (a promoted object): drop this one, no copy
-            state.drop_replica(obj, here, evicted=True)
+            state.drop_replica(obj, here, evicted=False)
             state.counters.offloads += 1
             return obj.size, 0
         if state.config.offload:
@@ -312,7 +317,7 @@ class Tiering:
         if obj.protected(state.clock()):
             self.deferred_drops.append((obj.key, src))
         else:
-            state.drop_replica(obj, src, evicted=True)
+            state.drop_replica(obj, src, evicted=False)
 
     def drop_deferred(self) -> None:
         """Drop offloaded sources whose lease has ended (run on every tick)."""
@@ -325,7 +330,7 @@ class Tiering:
             if obj.protected(now) or len(obj.replicas) < 2:
                 keep.append((key, loc))
                 continue
-            self.state.drop_replica(obj, loc, evicted=True)
+            self.state.drop_replica(obj, loc, evicted=False)
         self.deferred_drops = keep
 
     # ---- objects and nodes leaving --------------------------------------------
