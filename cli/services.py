@@ -60,6 +60,8 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
         "--nixl", action="store_true", default=None,
         help="serve DRAM by NIXL too (RDMA-capable; a busy core)",
     )  # fmt: skip
+    p.add_argument("--hbm-mib", type=float, default=None, help="device memory lent (0 = none)")
+    p.add_argument("--hbm-device", default=None, help="torch device of the HBM segment (cuda)")
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(handler=guarded("kvstore node", run_node_cmd))
 
@@ -118,6 +120,8 @@ def node_flags(args: argparse.Namespace) -> dict[str, Any]:
         "nixl": args.nixl,
         "dram_bytes": None if args.dram_mib is None else int(args.dram_mib * MIB),
         "ssd_bytes": None if args.ssd_mib is None else int(args.ssd_mib * MIB),
+        "hbm_bytes": None if args.hbm_mib is None else int(args.hbm_mib * MIB),
+        "hbm_device": args.hbm_device,
     }  # fmt: skip
     if args.listen is not None:
         flags["listen_host"], flags["tcp_port"] = split_listen(args.listen)
