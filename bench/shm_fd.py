@@ -8,7 +8,9 @@ node's segment once (its fd fetched from the node's abstract socket) and copies
 out of it. Baseline, same run, interleaved with the gets: memcpy of the same
 objects between two arrays of this process (as bench/transfer.py). Target: get
 >= 0.7x memcpy. Also shown: what mapping by fd costs once per segment (fd round
-trip alone, and fd + mmap with MAP_POPULATE of the whole segment).
+trip alone, and fd + mmap with MAP_POPULATE of the whole segment), and the data
+path alone, without client or master: copies out of a memfd mapping vs a /dev/shm
+file mapping (the first design) vs memcpy, interleaved in one process.
 
     python bench/shm_fd.py [--quick] [--json] [--total-mib 64] [--repeats 7]
 """
@@ -147,6 +149,55 @@ def attach_cost(master: str, repeats: int) -> dict[str, float]:
     }
 
 
+def mapping_kinds(total: int, size: int, repeats: int) -> dict[str, float]:
+    """GB/s of copying `total` bytes in `size` chunks out of a peer mapping of a memfd
+    (fd received over the socket) vs one of a /dev/shm file (the old design; unlinked
+    as soon as it is mapped, so even a crash leaves no file), vs memcpy: the data path
+    alone, same process, interleaved. Before the first run both are written once."""
+    import mmap
+
+    from kvstore.tiers.shm import FdServer, SharedSegment
+
+    server = FdServer()
+    server.start()
+    owner = SharedSegment.create(f"shmfd-bench-{os.getpid()}", total)
+    owner.numpy()[:] = 1
+    owner.serve(server)
+    peer = SharedSegment.attach(owner.name, server.address, populate=True)
+    path = f"/dev/shm/shmfd-bench-{os.getpid()}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.unlink(path)
+        os.ftruncate(fd, total)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        file_map = mmap.mmap(fd, total, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    np.frombuffer(file_map, dtype=np.uint8)[:] = 1
+    dst = np.ones(total, dtype=np.uint8)
+
+    def copier(src: np.ndarray) -> Callable[[], None]:
+        def run() -> None:
+            for i in range(0, total, size):
+                dst[i : i + size] = src[i : i + size]
+
+        return run
+
+    runs = {
+        "memfd": copier(peer.numpy()),
+        "dev_shm_file": copier(np.frombuffer(file_map, dtype=np.uint8)),
+        "memcpy": memcpy(total, size),
+    }
+    med = timed(runs, repeats)
+    runs.clear()
+    peer.close()
+    owner.close()
+    server.stop()
+    with contextlib.suppress(BufferError):
+        file_map.close()
+    return {name: total / t / 1e9 for name, t in med.items()}
+
+
 def measure(total: int, repeats: int) -> dict[str, object]:
     from kvstore.client.client import Client
     from kvstore.client.config import ClientConfig
@@ -173,7 +224,11 @@ def measure(total: int, repeats: int) -> dict[str, object]:
                     "ratio": gbps[name] / gbps["memcpy"],
                 })  # fmt: skip
         attach = attach_cost(master, repeats)
-    return {"total_bytes": total, "repeats": repeats, "rows": rows, "attach": attach}
+    kinds = {size: mapping_kinds(total, size, repeats) for size in SIZES}
+    return {
+        "total_bytes": total, "repeats": repeats, "rows": rows, "attach": attach,
+        "mapping_kinds": kinds,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         ok = "ok" if r["ratio"] >= TARGET else "BELOW"
         print(f"{r['size'] // MiB:>5} MiB {r['op']:<22} {r['gbps']:>6.2f} "
               f"{r['memcpy_gbps']:>12.2f} {r['ratio']:>5.2f}x  {ok}")  # fmt: skip
+    print("data path alone (one process): copy out of a peer mapping, GB/s")
+    for size, k in result["mapping_kinds"].items():  # type: ignore[attr-defined]
+        memfd, file, copy = k["memfd"], k["dev_shm_file"], k["memcpy"]
+        print(f"{size // MiB:>5} MiB memfd {memfd:.2f}  /dev/shm file {file:.2f}  "
+              f"memcpy {copy:.2f}  memfd/file {memfd / file:.2f}x")  # fmt: skip
     attach = result["attach"]
     if attach:
         print(f"once per segment ({attach['segment_mib']:.0f} MiB): fd round trip "
