@@ -83,6 +83,7 @@ class MasterState:
         """Mount (or remount) a segment; `shm`: same-host peers may map it by name."""
         align = alignment or self.config.default_alignment
         seg, changed = self.registry.mount(node_id, name, tier, capacity, align, shm)
+        self.tiering.segments_changed()
         if changed:
             self.journal.save_segment(seg)
         return seg
@@ -92,6 +93,7 @@ class MasterState:
         self.registry.segment(node_id, name)
         self.tiering.on_unmount(node_id, name)
         seg = self.registry.unmount(node_id, name)
+        self.tiering.segments_changed()
         self.journal.drop_segment(node_id, name)
         dropped = removed = 0
         for key in sorted(seg.keys):

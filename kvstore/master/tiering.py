@@ -100,6 +100,7 @@ class Tiering:
     pending: dict[str, deque[Move]] = field(default_factory=dict)
     inflight: dict[int, Move] = field(default_factory=dict)
     deferred_drops: list[tuple[str, Location]] = field(default_factory=list)
+    _fastest: dict[str, Tier] = field(default_factory=dict)  # node -> its fastest tier
     _ids: count[int] = field(default_factory=lambda: count(1))
 
     # ---- queues ---------------------------------------------------------------
@@ -230,12 +231,25 @@ class Tiering:
 
     # ---- promotion on hits ----------------------------------------------------
 
+    def segments_changed(self) -> None:
+        """A segment was mounted or unmounted: forget the per-node fastest tiers."""
+        self._fastest.clear()
+
+    def _fastest_tier(self, node_id: str) -> Tier:
+        tier = self._fastest.get(node_id)
+        if tier is None:
+            tiers = [s.tier for s in self.state.registry.segments_of(node_id)]
+            tier = self._fastest[node_id] = min(tiers, default=Tier.HBM)
+        return tier
+
     def on_hit(self, obj: ObjectMeta) -> None:
         """A lookup hit: count reads served from a slow tier; promote when due."""
         after = self.state.config.promote_after
         if not after or obj.moving:
             return
         first = obj.replicas[0]
+        if first.tier <= self._fastest_tier(first.node_id):  # the common case: O(1)
+            return
         faster = _faster_segments(self.state, first)
         if not faster:
             return
