@@ -93,3 +93,23 @@ def _as_u32(token_ids: Sequence[int]) -> np.ndarray:
     if int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN:
         raise BadRequestError("token ids must fit in u32")
     return arr.astype("<u4", copy=False)
+
+
+# -- vLLM-compatible block identity (kvstore.hashing_vllm) --------------------------
+# kvstore's own chain above is unchanged; `scheme="vllm"` reproduces vLLM's hashes
+# (its sha256 / sha256_cbor / xxhash / xxhash_cbor, NONE_HASH seed, LoRA and
+# cache_salt extra keys) so the conductor can index what a vLLM fleet holds.
+
+
+def block_hashes_for(
+    token_ids: Sequence[int], block_size: int, scheme: str = "kvstore", **options: object
+) -> list[bytes]:
+    """Block hashes under `scheme`: "kvstore" (namespace=...) or "vllm" (algorithm=,
+    seed=, lora=, cache_salt=: see kvstore.hashing_vllm.block_hashes)."""
+    if scheme == "kvstore":
+        return block_hashes(token_ids, block_size, **options)  # type: ignore[arg-type]
+    if scheme == "vllm":
+        from kvstore import hashing_vllm
+
+        return hashing_vllm.block_hashes(token_ids, block_size, **options)  # type: ignore[arg-type]
+    raise BadRequestError(f"unknown hash scheme {scheme!r}: 'kvstore' or 'vllm'")
