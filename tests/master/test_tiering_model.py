@@ -25,7 +25,7 @@ from kvstore.master.model import Endpoint, ObjectState, PutItem
 from kvstore.master.tiering import MoveKind, MoveResult
 from kvstore.types import ObjectKey, Tier
 
-KEYS = st.sampled_from([f"k{i}" for i in range(12)])
+KEYS = st.sampled_from([f"k{i}" for i in range(40)])
 SIZES = st.sampled_from([64, 128, 256, 512])
 NODES = ("a", "b")
 
@@ -48,7 +48,7 @@ class TieringMachine(RuleBasedStateMachine):
     def _join(self, node: str) -> None:
         st_ = self.state
         st_.register_node(node, Endpoint(f"{node}:1", "h"), f"{node}{self.incarnations[node]}")
-        st_.mount_segment(node, f"{node}-dram-{self.incarnations[node]}", Tier.DRAM, 2048)
+        st_.mount_segment(node, f"{node}-dram-{self.incarnations[node]}", Tier.DRAM, 1024)
         st_.mount_segment(node, f"{node}-ssd", Tier.SSD, 4096)
 
     def _allowed_loss(self) -> None:
@@ -66,6 +66,10 @@ class TieringMachine(RuleBasedStateMachine):
             self.committed.add(key)
         self._allowed_loss()
 
+    @rule(key=KEYS, size=SIZES, node=st.sampled_from(NODES))
+    def put_dram(self, key: str, size: int, node: str) -> None:
+        self.put(key, size, node, None)  # puts dominate a cache's traffic
+
     @rule(key=KEYS)
     def lookup(self, key: str) -> None:
         self.state.lookup([key])
@@ -82,7 +86,7 @@ class TieringMachine(RuleBasedStateMachine):
 
     @rule(node=st.sampled_from(NODES), outcome=st.sampled_from(["ok", "fail", "corrupt"]))
     def node_reports(self, node: str, outcome: str) -> None:
-        moves = self.state.tiering.take(node, 4)
+        moves = self.state.tiering.take(node, 16)
         before = {m.task_id: m for m in moves}
         results = []
         for m in moves:
@@ -113,10 +117,13 @@ class TieringMachine(RuleBasedStateMachine):
             self.state.report_corrupt([(key, obj.replicas[-1])])
         self._allowed_loss()
 
-    @rule(node=st.sampled_from(NODES))
-    def restart_node(self, node: str) -> None:
+    @rule(node=st.sampled_from(NODES), roll=st.integers(0, 7))
+    def restart_node(self, node: str, roll: int) -> None:
         """A new incarnation: the DRAM segment is new (old one unmounted), the SSD is
-        re-announced with what the master lists there (the node kept its index)."""
+        re-announced with what the master lists there (the node kept its index).
+        Rarer than other steps (1 draw in 8), so moves get to finish between restarts."""
+        if roll:
+            return
         st_ = self.state
         ssd = st_.registry.segment(node, f"{node}-ssd")
         found = [
