@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 
+from kvstore.errors import KVStoreError
 from kvstore.node.config import NodeConfig, default_node_id
 from kvstore.node.node import run_node
 
@@ -52,7 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         hbm_device=args.hbm_device,
         ssd_direct_io=not args.buffered_ssd,
     )
-    run_node(config)
+    try:
+        run_node(config)
+    except KVStoreError as exc:  # bad directory, full disk, master refused: one line
+        print(f"kvstore node: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

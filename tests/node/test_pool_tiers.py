@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,3 +278,27 @@ def test_hbm_segment_on_cuda_offloads_to_dram_then_ssd(tmp_path: Path) -> None:
         pytest.skip("no CUDA device here")
     # The device image may lack rocksdict (the SSD index): then HBM -> DRAM only.
     _hbm_cascade(tmp_path, "cuda", ssd=importlib.util.find_spec("rocksdict") is not None)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (root only: skipped where mounting is not allowed)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_ssd_directory_is_a_typed_error_at_start(cluster: Cluster, small_fs: Path) -> None:
+    args = ["--ssd-dir", str(small_fs), "--ssd-mib", "64"]
+    node = cluster.start_node(wait=False, node_id="full", extra=args)
+    assert node.proc.wait(30) != 0
+    assert "no space left on device" in cluster.log_tail(node.log)
+    assert "Traceback" not in cluster.log_tail(node.log, 20_000)
