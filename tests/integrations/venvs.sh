@@ -33,8 +33,12 @@ fi
 if [[ "$which" == all || "$which" == lmcache ]]; then
   if [[ ! -f .venv-lmcache/.done ]]; then
     make_venv .venv-lmcache
-    .venv-lmcache/bin/python -m pip install -q lmcache==0.5.6 torch==2.13.0
-    .venv-lmcache/bin/python -m pip install -q -e .
+    # One resolve for LMCache and kvstore, then kvstore's claimed floor (protobuf
+    # 6.31.1, grpcio 1.78): the stubs must import and the pool must run there.
+    .venv-lmcache/bin/python -m pip install -q lmcache==0.5.6 -e . torch==2.13.0 \
+      pytest-timeout==2.4.0
+    .venv-lmcache/bin/python -m pip install -q protobuf==6.31.1 grpcio==1.78.0 \
+      grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0
     .venv-lmcache/bin/python -c "import lmcache, kvstore.client, kvstore.compat.mooncake"
     touch .venv-lmcache/.done
   fi
