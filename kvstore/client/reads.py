@@ -18,7 +18,7 @@ from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import CorruptError, KVStoreError, TransferError
 from kvstore.rpc_errors import error_for
-from kvstore.transfer.base import TransferOp
+from kvstore.transfer.base import SegmentDescriptor, TransferOp
 from kvstore.transfer.shm import shm_reachable
 from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
@@ -61,15 +61,23 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
         results[i] = res.size
     nth = dict.fromkeys(pending, 0)  # which replica each key reads next
     retried: set[int] = set()
+    used: dict[int, SegmentDescriptor] = {}  # the descriptor each key's last READ used
     refresh = False
     while pending:
-        bad = yield from _read_round(ctx, pending, nth, results, sums, refresh)
+        bad = yield from _read_round(ctx, pending, nth, results, sums, refresh, used)
         corrupt += [(keys[i], loc) for i, loc in bad]
-        refresh = True
+        stale = [i for i in pending if isinstance(results[i], TransferError)]
+        stale = [i for i in stale if i not in retried and i in used]
+        moved: set[int] = set()
+        if stale:
+            locs = [pending[i][0][nth[i]] for i in stale]
+            fresh = yield from resolve(ctx, locs, refresh=True)
+            moved = {i for i, d in zip(stale, fresh, strict=True) if d and d != used[i]}
+        refresh = not stale  # later rounds see a fresh directory (refreshed just now, or then)
         for i in pending:
-            # A transfer that failed may have used a stale endpoint (the node restarted
-            # on a new port): read the same replica once more after the refresh.
-            if isinstance(results[i], TransferError) and i not in retried:
+            # A READ that failed on an endpoint the node has since left (it restarted on
+            # a new port) is retried once there; a node that is just unreachable is not.
+            if i in moved:
                 retried.add(i)
             else:
                 nth[i] += 1
@@ -116,6 +124,7 @@ def _read_round(
     results: list[int | KVStoreError],
     sums: Sequence[int],
     refresh: bool,
+    used: dict[int, SegmentDescriptor],
 ) -> Op[list[tuple[int, Location]]]:
     """READ replica `nth[i]` of every pending key i as one batch; settle what is final.
     Returns the (key index, replica) pairs whose bytes failed their checksum."""
@@ -135,6 +144,7 @@ def _read_round(
             continue
         transfers.append(Transfer(desc, loc.offset, pending[i][1]))
         owners.append((i, loc))
+        used[i] = desc
     batch = yield Io(lambda: ctx.data.run(TransferOp.READ, transfers))
     bad: list[tuple[int, Location]] = []
     for (i, loc), err in zip(owners, batch.errors, strict=True):

@@ -72,10 +72,12 @@ def put_op(
     try:
         settled = yield from _write(ctx, started, views, results)
         stale = {i: started[i] for i in started if isinstance(results[i], TransferError)}
-        if stale and settled:  # maybe an old endpoint (node restarted): once more, refreshed
+        if stale and settled:
+            stale = yield from _moved(ctx, stale)
+        if stale:  # the node restarted on a new endpoint: once more, there
             for i in stale:
                 results[i] = None
-            settled = yield from _write(ctx, stale, views, results, refresh=True)
+            settled = yield from _write(ctx, stale, views, results)
     except KVStoreError:
         yield from _revoke(ctx, [keys[i] for i in started])
         raise
@@ -99,11 +101,10 @@ def _write(
     started: dict[int, list[Location]],
     views: Sequence[memoryview],
     results: list[KVStoreError | None],
-    refresh: bool = False,
 ) -> Op[bool]:
     """WRITE every replica of every started key as one batch; False if not all settled."""
     flat = [(i, loc) for i, locs in started.items() for loc in locs]
-    descs = yield from resolve(ctx, [loc for _, loc in flat], refresh=refresh)
+    descs = yield from resolve(ctx, [loc for _, loc in flat])
     transfers, owners = [], []
     for (i, loc), desc in zip(flat, descs, strict=True):
         if desc is None:
@@ -118,6 +119,25 @@ def _write(
         if err is not None and results[i] is None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
     return batch.settled
+
+
+def _moved(ctx: OpContext, stale: dict[int, list[Location]]) -> Op[dict[int, list[Location]]]:
+    """Of keys whose WRITE failed, those whose segments have a new descriptor after a
+    directory refresh (their node came back on another endpoint); a node that is just
+    unreachable keeps its descriptor and is not tried again."""
+    flat = [loc for locs in stale.values() for loc in locs]
+    before = [ctx.directory.descriptor(loc) for loc in flat]
+    after = yield from resolve(ctx, flat, refresh=True)
+    changed = {
+        (loc.node_id, loc.segment)
+        for loc, old, new in zip(flat, before, after, strict=True)
+        if new is not None and new != old
+    }
+    return {
+        i: locs
+        for i, locs in stale.items()
+        if all((loc.node_id, loc.segment) in changed for loc in locs)
+    }
 
 
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:
