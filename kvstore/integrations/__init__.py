@@ -1,0 +1,1 @@
+"""Native integrations of kvstore with serving engines (SGLang HiCache; vLLM planned)."""
