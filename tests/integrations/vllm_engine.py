@@ -47,6 +47,7 @@ def _transfer_config(connector: str) -> Any:
         return KVTransferConfig(
             kv_connector="KVStoreConnector", kv_role="kv_both",
             kv_connector_module_path="kvstore.integrations.vllm",
+            kv_load_failure_policy="recompute",
         )  # fmt: skip
     return KVTransferConfig(kv_connector=connector, kv_role="kv_both")
 
