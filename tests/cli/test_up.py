@@ -19,9 +19,9 @@ import pytest
 from kvstore.client.conductor import ConductorClient
 from kvstore.serving_bench.launch import shm_entries
 
-from .procs import REPO, env, kvstore_cmd, read_line, run
+from .procs import REPO, env, kvstore_cmd, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 @dataclass
@@ -66,8 +66,14 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     )  # fmt: skip
     lines: list[str] = []
     try:
+        assert proc.stdout is not None
+        # Blocking reads (the announcement comes as one burst of lines, which a select()
+        # per line would miss once Python buffered them): bounded by kvstore up's own
+        # per-process ready deadlines, after which it exits and readline returns "".
         while not (lines and lines[-1].startswith("kvstore up: ready")):
-            lines.append(read_line(proc, 120))
+            line = proc.stdout.readline()
+            assert line, f"kvstore up exited ({proc.wait(30)}): {proc.stderr.read()[-2000:]}"  # type: ignore[union-attr]
+            lines.append(line.strip())
         words = lines[-1].split()
         yield Up(proc, words[words.index("conductor") + 1], words[-1], port, lines)
     finally:
@@ -93,6 +99,29 @@ def test_generate_streams_text_and_stats(up: Up) -> None:
     with ConductorClient(up.conductor, model="tiny") as c:
         again = c.generate("Hello, pool!", max_tokens=12)
     assert again.token_ids == doc["token_ids"] and again.text == doc["text"]
+
+
+def test_async_client_and_typed_failures(up: Up) -> None:
+    import asyncio
+
+    from kvstore.client.conductor import AsyncConductorClient
+    from kvstore.errors import NotFoundError, UnavailableError
+
+    async def body() -> None:
+        async with AsyncConductorClient(up.conductor, model="tiny") as c:
+            got = await c.generate([256, 72, 105], max_tokens=5)
+            assert len(got.token_ids) == 5 and got.finish == "length" and got.ttft_s > 0
+            chunks = [ch async for ch in c.stream("streamed", max_tokens=4)]
+            assert sum(len(ch.token_ids) for ch in chunks) == 4 and chunks[-1].finish
+            with pytest.raises(NotFoundError, match="no-such-model"):
+                await c.generate("x", model="no-such-model")
+            with pytest.raises(UnavailableError):
+                await c.generate("x" * 200, max_tokens=64, deadline_s=0.001)
+
+    asyncio.run(body())
+    res = run("generate", "hi", "--conductor", "127.0.0.1:1", "--deadline-s", "2")
+    assert res.returncode == 4 and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith("kvstore generate: UNAVAILABLE")
 
 
 def test_chat_reuses_the_pool_turn_after_turn(up: Up) -> None:
