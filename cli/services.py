@@ -42,6 +42,7 @@ def _register_master(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT of /metrics (none: off)")
     # Unset flags must not hide the config file: None = "not given on the command line".
     p.set_defaults(listen=None, db=None, **dict.fromkeys(_NAMED, None))
+    p.set_defaults(log_level="INFO")  # the event lines (node registered, objects dropped)
     p.set_defaults(handler=guarded("kvstore master", run_master_cmd))
 
 

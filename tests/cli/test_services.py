@@ -123,3 +123,32 @@ def test_master_from_config_file_with_metrics(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)["master"]
     assert doc["node_ttl_s"] == {"value": 7.0, "source": f"{cfg}:3"}
     assert doc["put_timeout_s"]["source"] == "default"
+
+
+def test_master_logs_one_line_per_event(tmp_path: Path) -> None:
+    """node registered, segment mounted, segment unmounted, objects dropped: key=value lines."""
+    import subprocess
+
+    from .procs import REPO, env, kvstore_cmd, read_line
+
+    log = tmp_path / "master.log"
+    with open(log, "w") as err:
+        master = subprocess.Popen(
+            kvstore_cmd("master", "--listen", "127.0.0.1:0"), stdout=subprocess.PIPE,
+            stderr=err, text=True, cwd=REPO, env=env(),
+        )  # fmt: skip
+    try:
+        address = read_line(master, 30).split()[4]
+        with service("node", "--master", address, "--node-id", "ev1", "--dram-mib", "1"):
+            _workload(address)  # k0 and k1, 300 KiB each
+            res = run("evict", "k1", "--force", "--master", address)  # k1 is leased
+            assert res.returncode == 0, res.stderr
+    finally:
+        master.send_signal(2)
+        master.wait(10)
+    lines = log.read_text().splitlines()
+    assert any("event=node_registered node=ev1 " in line for line in lines), lines
+    assert any("event=segment_mounted node=ev1 " in line and "tier=DRAM" in line for line in lines)
+    assert any("event=objects_dropped count=1 reason=admin_evict" in line for line in lines)
+    assert any("event=segment_unmounted node=ev1 " in line for line in lines)
+    assert any("event=objects_dropped count=1 reason=segment_unmounted" in line for line in lines)
