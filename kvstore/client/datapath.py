@@ -24,7 +24,7 @@ from kvstore.transfer.base import (
     TransferRequest,
 )
 from kvstore.transfer.select import choose_kind, make_engine
-from kvstore.transfer.shm import shm_reachable
+from kvstore.transfer.shm import ShmEngine, shm_reachable
 from kvstore.transfer.tcp import TcpConfig
 
 
@@ -160,6 +160,17 @@ class DataPath:
             raise BadRequestError(f"segment {remote.name!r} has no TCP endpoint")
         if self.transport == "auto":
             choose_kind(remote)
+
+    def mapped(self, remote: SegmentDescriptor) -> memoryview | None:
+        """`remote` as mapped memory when this data path reaches it by shared memory."""
+        if self.transport not in ("shm", "auto") or not shm_reachable(remote):
+            return None
+        engine = self.engine
+        shm = engine if isinstance(engine, ShmEngine) else engine.engine("shm")  # type: ignore[attr-defined]
+        try:
+            return shm.mapped(remote)
+        except KVStoreError:
+            return None
 
     def close(self) -> None:
         self.engine.close()

@@ -83,6 +83,13 @@ class ShmEngine(TransferEngine):
             )
         return seg.buffer
 
+    def mapped(self, desc: SegmentDescriptor) -> memoryview:
+        """The whole peer segment as memory (mapped once): for callers that copy and
+        checksum in one pass instead of submitting a READ."""
+        if not shm_reachable(desc):
+            raise BadRequestError(f"segment {desc.name!r} is not a shared segment on this host")
+        return self._segment(desc)
+
     def detach(self, name: str) -> bool:
         """Drop the cached mappings of segment `name` (e.g. after its owner removed it)."""
         with self._lock:
