@@ -158,5 +158,5 @@ def main(argv: list[str] | None = None) -> None:
     except (KVStoreError, OSError, ValueError) as exc:
         parser.error(str(exc))
 
-    segment = bool(args.master and args.segment_bytes)
+    segment = bool(args.master and (args.segment_bytes or args.hbm_segment_bytes))
     serve_until_signal(role, lambda: serve(config, store, args.listen, segment), store)

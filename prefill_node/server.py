@@ -146,5 +146,5 @@ def main(argv: list[str] | None = None) -> None:
     if store is None:
         parser.error("a prefill node needs --master (or --local-store-bytes)")
 
-    segment = bool(args.master and args.segment_bytes)
+    segment = bool(args.master and (args.segment_bytes or args.hbm_segment_bytes))
     serve_until_signal("prefill", lambda: serve(config, store, args.listen, segment), store)

@@ -57,7 +57,7 @@ class AsyncClient:
                 raise BadRequestError("client is closed")
             if self._stub is None:
                 self._channel = self._make_channel()
-                if self.config.segment_bytes:
+                if self.config.segment_bytes or self.config.hbm_segment_bytes:
                     node = contributed_node(self.config)
                     await asyncio.to_thread(node.start)
                     self._node = node

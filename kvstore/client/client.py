@@ -64,7 +64,7 @@ class Client:
             raise
 
     def _contribute(self) -> None:
-        if self.config.segment_bytes:
+        if self.config.segment_bytes or self.config.hbm_segment_bytes:
             node = contributed_node(self.config)
             node.start()
             self._node = node

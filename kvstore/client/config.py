@@ -25,6 +25,8 @@ class ClientConfig:
     client_id: str | None = None  # None: a fresh "client-<uuid>"
     transport: str = "auto"
     segment_bytes: int = 0
+    hbm_segment_bytes: int = 0  # device memory lent to the pool too (an HBM segment)
+    hbm_device: str = "cuda"  # its torch device ("cpu" runs the same path without a GPU)
     tenant: str = ""
     credentials: object | None = None
     replicas: int = 1
@@ -47,8 +49,8 @@ class ClientConfig:
             raise BadRequestError(
                 f"unknown transport {self.transport!r}; valid: {', '.join(ENGINE_KINDS)}"
             )
-        if self.segment_bytes < 0:
-            raise BadRequestError("segment_bytes must be >= 0")
+        if self.segment_bytes < 0 or self.hbm_segment_bytes < 0:
+            raise BadRequestError("segment_bytes and hbm_segment_bytes must be >= 0")
         if "/" in self.tenant:
             raise BadRequestError("tenant must not contain '/'")
         if not 1 <= self.replicas <= 16:

@@ -11,13 +11,16 @@ from kvstore.node.node import StorageNode
 
 
 def contributed_node(config: ClientConfig) -> StorageNode:
-    """The (not yet started) node lending `config.segment_bytes` of DRAM for this client."""
+    """The (not yet started) node lending `config.segment_bytes` of DRAM (and
+    `config.hbm_segment_bytes` of device memory) for this client."""
     return StorageNode(
         NodeConfig(
             master=config.master,
             node_id=config.id,
             listen_host=config.listen_host,
             dram_bytes=config.segment_bytes,
+            hbm_bytes=config.hbm_segment_bytes,
+            hbm_device=config.hbm_device,
             rpc_timeout_s=config.timeout_s,
             credentials=config.credentials,
         )

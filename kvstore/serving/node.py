@@ -46,6 +46,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         "publishes land there first, and prefix matches name it"
     )
     add("--segment-bytes", type=int, default=0, help=seg_help)
+    hbm_help = "device memory (HBM) this node lends to the pool too, on its --device"
+    add("--hbm-segment-bytes", type=int, default=0, help=hbm_help)
     add("--local-store-bytes", type=int, default=0, help="in-process DRAM store (no master)")
     add("--num-blocks", type=int, default=512, help="KV blocks of the node's pool")
     add("--block-tokens", type=int, default=16)
@@ -90,6 +92,8 @@ def open_store(args: argparse.Namespace, node_id: str) -> BlockStore | None:
             args.master,
             transport=args.transport,
             segment_bytes=args.segment_bytes,
+            hbm_segment_bytes=args.hbm_segment_bytes,
+            hbm_device=_hbm_device(args.device),
             client_id=node_id,
         )
     if args.local_store_bytes:
@@ -99,6 +103,15 @@ def open_store(args: argparse.Namespace, node_id: str) -> BlockStore | None:
         tier = DramTier(DramConfig(capacity_bytes=args.local_store_bytes))
         return LocalBlockStore(TieredStore([tier]))
     return None
+
+
+def _hbm_device(device: str) -> str:
+    """The torch device of a lent HBM segment: the node's own (auto = cuda if present)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def identity_stats(config: ServingConfig, pool_segment: bool) -> pb.ServingStatsResponse:

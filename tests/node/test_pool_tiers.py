@@ -302,3 +302,15 @@ def test_full_ssd_directory_is_a_typed_error_at_start(cluster: Cluster, small_fs
     assert node.proc.wait(30) != 0
     assert "no space left on device" in cluster.log_tail(node.log)
     assert "Traceback" not in cluster.log_tail(node.log, 20_000)
+
+
+def test_a_client_lends_device_memory_and_its_puts_land_there(cluster: Cluster) -> None:
+    """What a serving node does with --hbm-segment-bytes (cpu device here)."""
+    with (
+        Client(cluster.address, hbm_segment_bytes=2 * MIB, hbm_device="cpu") as lender,
+        Client(cluster.address, transport="tcp") as reader,
+    ):
+        lender.put("on-hbm", blob(4, 4096))
+        (loc,) = objects(cluster)["on-hbm"].replicas
+        assert (loc.node_id, loc.tier) == (lender.config.id, int(Tier.HBM))
+        assert reader.get("on-hbm") == blob(4, 4096)
