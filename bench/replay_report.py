@@ -275,4 +275,5 @@ def _hardware_plot(plt, report: dict) -> str:  # type: ignore[no-untyped-def]
         ax.set(ylabel=label)
         ax.tick_params(axis="x", rotation=45, labelsize=7)
     fig.suptitle("throughput at the objectives per cost and per power")
+    fig.subplots_adjust(wspace=0.35)
     return _save(fig, "hardware.png")
