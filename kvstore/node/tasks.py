@@ -5,8 +5,9 @@ kvstore.master.tiering): COPY src -> dst (offload DRAM -> SSD, promotion
 SSD -> DRAM, HBM <-> DRAM), PERSIST (record a put's SSD replica in the index) or
 FORGET (drop one from it). Bytes are checksummed on the way; a source whose bytes
 fail the object's checksum is reported CORRUPT and nothing is written to the
-index. One thread, one task at a time: the master paces how many bytes it hands
-out, so background moves stay within their budget.
+index. The tasks of one poll run IO_DEPTH at a time (those of one key in order);
+the master paces how many bytes it hands out, so background moves stay within
+their budget.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -29,7 +31,8 @@ from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 log = logging.getLogger(__name__)
 
 POLL_MS = 1000
-MAX_TASKS = 16
+MAX_TASKS = 32
+IO_DEPTH = 4  # moves run at once (SSD queue depth)
 Release = Callable[[], None]
 
 
@@ -46,6 +49,7 @@ class TaskWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._call: Any = None  # the long poll in flight (a grpc future)
+        self._pool = ThreadPoolExecutor(IO_DEPTH, thread_name_prefix=f"kvstore-move-{node_id}")
         self.done = 0  # tasks completed (ok or failed): for tests and logs
         self.failed = 0
 
@@ -64,6 +68,7 @@ class TaskWorker:
             call.cancel()  # end the long poll now rather than at its timeout
         if self._thread is not None:
             self._thread.join(self._timeout + POLL_MS / 1000 + 1)
+        self._pool.shutdown(wait=True)
 
     def _loop(self) -> None:
         results: list[master_pb2.TaskResult] = []
@@ -76,11 +81,9 @@ class TaskWorker:
                 if pause(0.5):
                     return
                 continue
-            results = []
-            for task in tasks:
-                if self._stop.is_set():
-                    return
-                results.append(self.run(task))
+            results = self._run_all(tasks)
+            if self._stop.is_set():
+                return
 
     def _poll(self, results: list[master_pb2.TaskResult]) -> list[master_pb2.NodeTask]:
         request = master_pb2.NodeTasksRequest(
@@ -99,6 +102,20 @@ class TaskWorker:
         except ValueError as err:  # the channel was closed under us (stop)
             raise UnavailableError(str(err)) from err
         return list(reply.tasks)
+
+    def _run_all(self, tasks: Sequence[master_pb2.NodeTask]) -> list[master_pb2.TaskResult]:
+        """Run one poll's tasks, IO_DEPTH at a time (SSD I/O overlaps); the tasks of one
+        key run in order on one thread (a FORGET and a PERSIST of a key never race)."""
+        by_key: dict[str, list[master_pb2.NodeTask]] = {}
+        for task in tasks:
+            by_key.setdefault(task.key, []).append(task)
+        if len(by_key) == 1:
+            return [self.run(t) for t in tasks]
+        futures = [self._pool.submit(self._run_in_order, group) for group in by_key.values()]
+        return [r for f in futures for r in f.result()]
+
+    def _run_in_order(self, group: list[master_pb2.NodeTask]) -> list[master_pb2.TaskResult]:
+        return [self.run(t) for t in group if not self._stop.is_set()]
 
     # ---- one task -----------------------------------------------------------------
 
