@@ -20,8 +20,7 @@ from kvstore.serving.prefill import PrefillWorker
 from kvstore.serving.request import Request
 from kvstore.serving.scheduler import DecodeScheduler
 from kvstore.serving.store import LocalBlockStore
-from kvstore.tiers.dram import DramTier
-from kvstore.tiers.dram import DramConfig
+from kvstore.tiers.dram import DramConfig, DramTier
 from kvstore.tiers.ssd import SsdTier
 from kvstore.tiers.ssd_handles import SsdConfig
 from kvstore.tiers.tiered import TieredConfig, TieredStore

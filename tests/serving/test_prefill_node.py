@@ -20,8 +20,7 @@ from kvstore.serving.prefill_queue import PrefillQueue
 from kvstore.serving.request import Request
 from kvstore.serving.store import LocalBlockStore
 from kvstore.serving.tails import TailSweeper
-from kvstore.tiers.dram import DramTier
-from kvstore.tiers.dram import DramConfig
+from kvstore.tiers.dram import DramConfig, DramTier
 from kvstore.tiers.tiered import TieredStore
 from kvstore.v1 import serving_pb2 as pb
 from prefill_node.server import PrefillServicer
