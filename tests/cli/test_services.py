@@ -7,6 +7,7 @@ one (node, tier) are known: two committed puts, one evicted, two hits, one miss.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -28,12 +29,20 @@ def _put(stub: master_pb2_grpc.MasterStub, key: str, size: int) -> None:
     assert end.results[0].code == 0
 
 
-def _workload(address: str) -> None:
-    """300 KiB k0, then k1 (both in DRAM): above 0.25 of the 2 MiB pool, k0 is evicted."""
+def _workload(address: str, offload: bool = True) -> None:
+    """300 KiB k0, then k1 (both in DRAM): DRAM is past its 0.25 high watermark, so the
+    colder k0 moves to the node's SSD (an offload, not an eviction)."""
     with grpc.insecure_channel(address) as ch:
         stub = master_pb2_grpc.MasterStub(ch)
         _put(stub, "k0", 300 * KiB)
         _put(stub, "k1", 300 * KiB)
+        for _ in range(500 if offload else 0):  # bounded: the node moves in the background
+            stats = stub.Stats(master_pb2.StatsRequest(), timeout=5)
+            if stats.offloads == 1 and stats.moves_in_flight == 0:
+                break
+            time.sleep(0.02)  # polling another process's counters
+        if offload:
+            assert (stats.offloads, stats.moves_in_flight) == (1, 0)
         look = stub.BatchLookup(master_pb2.BatchLookupRequest(keys=["k1", "k1", "nope"]))
         assert [r.status.code != 0 for r in look.results] == [False, False, True]
 
@@ -44,7 +53,7 @@ def test_master_node_tiers(tmp_path: Path) -> None:
         assert ready.startswith("kvstore master listening on 127.0.0.1:")
         address = ready.split()[4]
         node_args = ["--master", address, "--listen", "127.0.0.1:0", "--node-id", "n1"]
-        ssd = ["--ssd-dir", str(tmp_path), "--ssd-mib", "1"]
+        ssd = ["--ssd-dir", str(tmp_path), "--ssd-mib", "4"]
         with service("node", *node_args, "--dram-mib", "1", *ssd) as (_, node_ready):
             assert node_ready.startswith("kvstore node n1 ready on 127.0.0.1:")
             _workload(address)
@@ -53,18 +62,18 @@ def test_master_node_tiers(tmp_path: Path) -> None:
     assert doc["master"] == address and [n["node_id"] for n in doc["nodes"]] == ["n1"]
     dram, ssd_row = doc["tiers"]
     assert (dram["node_id"], dram["tier"], ssd_row["tier"]) == ("n1", "DRAM", "SSD")
-    assert (dram["capacity"], ssd_row["capacity"]) == (1 << 20, 1 << 20)
-    assert (dram["used"], dram["objects"], dram["evictions"]) == (300 * KiB, 1, 1)
+    assert (dram["capacity"], ssd_row["capacity"]) == (1 << 20, 4 << 20)
+    assert (dram["used"], dram["objects"], dram["evictions"]) == (300 * KiB, 1, 0)
     assert (dram["hits"], dram["bytes_in"], dram["bytes_out"]) == (2, 600 * KiB, 600 * KiB)
     assert dram["hit_ratio"] == pytest.approx(2 / 3)
-    assert (ssd_row["used"], ssd_row["hits"], ssd_row["evictions"]) == (0, 0, 0)
+    assert (ssd_row["used"], ssd_row["objects"], ssd_row["evictions"]) == (300 * KiB, 1, 0)
     pool = doc["pool"]
-    assert (pool["hits"], pool["misses"], pool["evictions"], pool["objects"]) == (2, 1, 1, 1)
+    assert (pool["hits"], pool["misses"], pool["evictions"], pool["objects"]) == (2, 1, 0, 2)
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:4] == ["node", "tier", "capacity", "used"]
     assert lines[2].split() == [
-        "n1", "DRAM", "1.0", "MiB", "300.0", "KiB", "29.3", "1", "2", "66.7", "1", "600.0",
+        "n1", "DRAM", "1.0", "MiB", "300.0", "KiB", "29.3", "1", "2", "66.7", "0", "600.0",
         "KiB", "600.0", "KiB",
     ]  # fmt: skip
     assert lines[3].split()[:2] == ["n1", "SSD"]
@@ -140,7 +149,7 @@ def test_master_logs_one_line_per_event(tmp_path: Path) -> None:
     try:
         address = read_line(master, 30).split()[4]
         with service("node", "--master", address, "--node-id", "ev1", "--dram-mib", "1"):
-            _workload(address)  # k0 and k1, 300 KiB each
+            _workload(address, offload=False)  # k0 and k1, 300 KiB each (no SSD)
             res = run("evict", "k1", "--force", "--master", address)  # k1 is leased
             assert res.returncode == 0, res.stderr
     finally:
