@@ -38,7 +38,8 @@ TRANSFERS: Counter[str] = Counter()
 
 
 def spy_engines() -> None:
-    """Count the requests submitted to the shm, tcp and nixl engines (behaviour unchanged)."""
+    """Count the requests submitted to the shm, tcp and nixl engines, and the segments
+    mapped for same-host reads (behaviour unchanged)."""
     from kvstore.transfer.nixl import NixlEngine
     from kvstore.transfer.shm import ShmEngine
     from kvstore.transfer.tcp import TcpEngine
@@ -51,6 +52,16 @@ def spy_engines() -> None:
             return _o(self, batch)
 
         cls.submit = counted  # type: ignore[method-assign]
+
+    # A verified same-host read copies out of the mapped segment itself (one pass that
+    # copies and checksums): count each such read as an shm transfer too.
+    mapped = ShmEngine.mapped
+
+    def counted_map(self: Any, desc: Any, _o: Any = mapped) -> Any:
+        TRANSFERS["shm"] += 1
+        return _o(self, desc)
+
+    ShmEngine.mapped = counted_map  # type: ignore[method-assign]
 
 
 def holders(client: Any) -> dict[str, list[str]]:
