@@ -8,8 +8,10 @@ output goes to a log file (shown when it fails); it is killed at its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,19 +90,28 @@ def _run(python: Path, args: list[str], env: dict[str, str], log: Path,
          timeout_s: float) -> dict[str, Any]:  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(python), str(ENGINE), *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=log.parent)  # fmt: skip
+                                stderr=subprocess.STDOUT, env=env, cwd=log.parent,
+                                start_new_session=True)  # fmt: skip
         try:
             code = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            kill_group(proc)
             raise AssertionError(f"engine past {timeout_s} s; log {log}:\n{_tail(log)}") from None
+        finally:
+            kill_group(proc)  # an engine's EngineCore/Worker children must not outlive it
     if code != 0:
         raise AssertionError(f"engine exited {code}; log {log}:\n{_tail(log)}")
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     return {}
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL the engine's whole session (it was started with start_new_session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _tail(log: Path, n: int = 60) -> str:

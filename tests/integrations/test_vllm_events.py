@@ -8,6 +8,7 @@ ingest the KV events of a real vLLM-CPU engine into a conductor prefix index.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from kvstore.conductor.kv_events import IngestStats, KvEventIngester, apply_batc
 from kvstore.errors import BadRequestError
 from kvstore.hashing import block_hashes_for
 from kvstore.types import Tier
-from tests.cluster import _read_line, stop_process
+from tests.cluster import _read_line
 from tests.integrations import engines
 
 TOKENS = list(range(1, 70))
@@ -208,7 +209,8 @@ def test_ingest_events_of_a_real_engine(tmp_path: Path) -> None:
     ingester = KvEventIngester(index, "engine-a", f"tcp://127.0.0.1:{pub}",
                                f"tcp://127.0.0.1:{replay}", topic="kv-events").start()  # fmt: skip
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, cwd=tmp_path)  # fmt: skip
+                            stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            start_new_session=True)  # fmt: skip
     try:
         _read_line(proc, b"RESULT ", engines.ENGINE_TIMEOUT_S)
         expected = [hv.as_event_int(h) for h in hv.block_hashes(prompt, 32, "sha256")]
@@ -221,5 +223,7 @@ def test_ingest_events_of_a_real_engine(tmp_path: Path) -> None:
     finally:
         ingester.close()
         assert proc.stdin is not None
-        proc.stdin.close()
-        stop_process(proc, 30.0)
+        proc.stdin.close()  # the engine shuts down; then nothing of its session may remain
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(120)
+        engines.kill_group(proc)
