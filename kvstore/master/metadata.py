@@ -35,7 +35,7 @@ from kvstore.master.model import (
     Segment,
 )
 from kvstore.master.placement import place
-from kvstore.master.tiering import MoveResult, Tiering
+from kvstore.master.tiering import MoveResult, Tiering, same_replica
 from kvstore.types import Location, Tier
 
 Clock = Callable[[], float]
@@ -388,11 +388,10 @@ class MasterState:
             obj = self.objects.get(key)
             if obj is None or obj.state is not ObjectState.COMPLETE:
                 continue
-            for r in obj.replicas:
-                if (r.node_id, r.segment, r.offset) == (loc.node_id, loc.segment, loc.offset):
-                    self.drop_corrupt(obj, r)
-                    dropped += 1
-                    break
+            replica = same_replica(obj, loc)
+            if replica is not None:
+                self.drop_corrupt(obj, replica)
+                dropped += 1
         return dropped
 
     def announce(

@@ -280,7 +280,7 @@ class Tiering:
             return
         if move.kind is MoveKind.PERSIST:
             if isinstance(res.error, CorruptError) and obj is not None:
-                loc = _same_replica(obj, move.dst)
+                loc = same_replica(obj, move.dst)
                 if loc is not None:
                     state.drop_corrupt(obj, loc)
             elif res.error is not None:
@@ -288,7 +288,7 @@ class Tiering:
             return
         if obj is not None and obj.moving == move.task_id:
             obj.moving = 0
-        live = obj is not None and not move.cancelled and _same_replica(obj, move.src) is not None
+        live = obj is not None and not move.cancelled and same_replica(obj, move.src) is not None
         if res.error is not None or not live:
             self._abandon(move, res)
             return
@@ -308,7 +308,7 @@ class Tiering:
             self.forget(move.key, move.dst)  # the node indexed it: make it forget
         obj = state.objects.get(move.key)
         if isinstance(res.error, CorruptError) and obj is not None and move.src is not None:
-            loc = _same_replica(obj, move.src)
+            loc = same_replica(obj, move.src)
             if loc is not None:  # the source bytes failed their checksum on the node
                 state.drop_corrupt(obj, loc)
 
@@ -325,7 +325,7 @@ class Tiering:
             return
         seg.counters.offloads_in += 1
         state.counters.offloads += 1
-        src = _same_replica(obj, move.src)
+        src = same_replica(obj, move.src)
         if src is None:
             return
         if obj.protected(state.clock()):
@@ -339,7 +339,7 @@ class Tiering:
         keep = []
         for key, loc in self.deferred_drops:
             obj = self.state.objects.get(key)
-            if obj is None or _same_replica(obj, loc) is None:
+            if obj is None or same_replica(obj, loc) is None:
                 continue
             if obj.protected(now) or len(obj.replicas) < 2:
                 keep.append((key, loc))
@@ -414,7 +414,8 @@ class Tiering:
                 assert obj is None or obj.moving in (0, move.task_id), f"{move.key!r} moves twice"
 
 
-def _same_replica(obj: ObjectMeta, loc: Location | None) -> Location | None:
+def same_replica(obj: ObjectMeta, loc: Location | None) -> Location | None:
+    """`obj`'s replica at the same (node, segment, offset) as `loc`, if it still has one."""
     if loc is None:
         return None
     for r in obj.replicas:
