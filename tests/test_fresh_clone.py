@@ -53,6 +53,6 @@ def test_fresh_clone_runs_make_demo_and_make_test(tmp_path: Path) -> None:
     assert " passed" in out and " failed" not in out
     where = _run(
         [str(venv / "bin" / "python"), "-c", "import kvstore, sys; print(kvstore.__file__)"],
-        tmp_path, env, 60,
+        venv, env, 60,  # not tmp_path: there the clone's folder "kvstore" would shadow it
     )  # fmt: skip
     assert where.strip().startswith(str(clone))  # the clone's own code ran
