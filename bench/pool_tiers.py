@@ -189,7 +189,9 @@ def tier_rows(root: str, size: int, count: int, rounds: int) -> dict[str, float]
     big = np.empty(total, np.uint8)  # one slice per key, for the batched rows
     outs = [big[i * size : (i + 1) * size] for i in range(count)]
     mib = total * 4 / MIB + 16
-    opts = {"high_watermark": 1.0, "low_watermark": 1.0}
+    # No watermark movement and no promotion: the SSD rows must read the SSD replica
+    # (after two reads an SSD object would otherwise get a DRAM copy and be read there).
+    opts = {"high_watermark": 1.0, "low_watermark": 1.0, "promote_after": 0}
     with (
         pool(mib, mib, fresh_dir(root), **opts) as p,
         Client(p.address) as c,
