@@ -35,6 +35,15 @@ def resolve(
     return descs
 
 
+def moved(ctx: OpContext, locs: Sequence[Location]) -> Op[list[bool]]:
+    """After a failed transfer: refresh the directory once; for each location, whether its
+    segment now has another descriptor (its node came back on a new endpoint). A node
+    that is just unreachable keeps its descriptor: retrying it would only time out again."""
+    before = [ctx.directory.descriptor(loc) for loc in locs]
+    after = yield from resolve(ctx, locs, refresh=True)
+    return [new is not None and new != old for old, new in zip(before, after, strict=True)]
+
+
 def call(method: str, request: object) -> Op[object]:
     """An operation of one master call."""
     return (yield Rpc(method, request))

@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
-from kvstore.client.context import OpContext, resolve
+from kvstore.client.context import OpContext, moved, resolve
 from kvstore.client.datapath import Transfer
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import CorruptError, KVStoreError, TransferError
 from kvstore.rpc_errors import error_for
-from kvstore.transfer.base import SegmentDescriptor, TransferOp
+from kvstore.transfer.base import TransferOp
 from kvstore.transfer.shm import shm_reachable
 from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
@@ -61,23 +61,20 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
         results[i] = res.size
     nth = dict.fromkeys(pending, 0)  # which replica each key reads next
     retried: set[int] = set()
-    used: dict[int, SegmentDescriptor] = {}  # the descriptor each key's last READ used
     refresh = False
     while pending:
-        bad = yield from _read_round(ctx, pending, nth, results, sums, refresh, used)
+        bad = yield from _read_round(ctx, pending, nth, results, sums, refresh)
         corrupt += [(keys[i], loc) for i, loc in bad]
-        stale = [i for i in pending if isinstance(results[i], TransferError)]
-        stale = [i for i in stale if i not in retried and i in used]
-        moved: set[int] = set()
+        stale = [i for i in pending if isinstance(results[i], TransferError) and i not in retried]
+        again: set[int] = set()
         if stale:
-            locs = [pending[i][0][nth[i]] for i in stale]
-            fresh = yield from resolve(ctx, locs, refresh=True)
-            moved = {i for i, d in zip(stale, fresh, strict=True) if d and d != used[i]}
+            flags = yield from moved(ctx, [pending[i][0][nth[i]] for i in stale])
+            again = {i for i, flag in zip(stale, flags, strict=True) if flag}
         refresh = not stale  # later rounds see a fresh directory (refreshed just now, or then)
         for i in pending:
             # A READ that failed on an endpoint the node has since left (it restarted on
             # a new port) is retried once there; a node that is just unreachable is not.
-            if i in moved:
+            if i in again:
                 retried.add(i)
             else:
                 nth[i] += 1
@@ -129,7 +126,6 @@ def _read_round(
     results: list[int | KVStoreError],
     sums: Sequence[int],
     refresh: bool,
-    used: dict[int, SegmentDescriptor],
 ) -> Op[list[tuple[int, Location]]]:
     """READ replica `nth[i]` of every pending key i as one batch; settle what is final.
     Returns the (key index, replica) pairs whose bytes failed their checksum."""
@@ -147,7 +143,6 @@ def _read_round(
         if desc is None:
             results[i] = TransferError(f"segment {loc.segment!r} of {loc.node_id!r} is gone")
             continue
-        used[i] = desc
         if sums[i] and _checked(ctx, loc) and (mem := ctx.data.mapped(desc)) is not None:
             local.append((i, loc, mem))  # same host: copy and checksum in one pass
             continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from kvstore.client.context import OpContext, resolve
+from kvstore.client.context import OpContext, moved, resolve
 from kvstore.client.datapath import BatchResult, Transfer
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location
@@ -72,8 +72,11 @@ def put_op(
     try:
         settled = yield from _write(ctx, started, views, results)
         stale = {i: started[i] for i in started if isinstance(results[i], TransferError)}
-        if stale and settled:
-            stale = yield from _moved(ctx, stale)
+        if stale and settled:  # keep the keys all of whose replicas' nodes moved
+            flat = [loc for locs in stale.values() for loc in locs]
+            flags = iter((yield from moved(ctx, flat)))
+            # a list, not a generator: every flag is consumed, so the iterator stays aligned
+            stale = {i: locs for i, locs in stale.items() if all([next(flags) for _ in locs])}
         if stale:  # the node restarted on a new endpoint: once more, there
             for i in stale:
                 results[i] = None
@@ -119,25 +122,6 @@ def _write(
         if err is not None and results[i] is None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
     return batch.settled
-
-
-def _moved(ctx: OpContext, stale: dict[int, list[Location]]) -> Op[dict[int, list[Location]]]:
-    """Of keys whose WRITE failed, those whose segments have a new descriptor after a
-    directory refresh (their node came back on another endpoint); a node that is just
-    unreachable keeps its descriptor and is not tried again."""
-    flat = [loc for locs in stale.values() for loc in locs]
-    before = [ctx.directory.descriptor(loc) for loc in flat]
-    after = yield from resolve(ctx, flat, refresh=True)
-    changed = {
-        (loc.node_id, loc.segment)
-        for loc, old, new in zip(flat, before, after, strict=True)
-        if new is not None and new != old
-    }
-    return {
-        i: locs
-        for i, locs in stale.items()
-        if all((loc.node_id, loc.segment) in changed for loc in locs)
-    }
 
 
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:

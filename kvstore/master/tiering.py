@@ -109,9 +109,6 @@ class Tiering:
         self.pending.setdefault(move.node_id, deque()).append(move)
         return move
 
-    def has_pending(self, node_id: str) -> bool:
-        return bool(self.pending.get(node_id))
-
     def nodes_with_pending(self) -> list[str]:
         return [n for n, q in self.pending.items() if q]
 
@@ -130,6 +127,10 @@ class Tiering:
         move = self.inflight.get(task_id) or self._pending_move(task_id)
         return None if move is None else move.node_id
 
+    def _all_moves(self) -> list[Move]:
+        """Every move in flight or still queued."""
+        return [*self.inflight.values(), *(m for q in self.pending.values() for m in q)]
+
     def moves_in_flight(self) -> int:
         return len(self.inflight) + sum(len(q) for q in self.pending.values())
 
@@ -139,7 +140,7 @@ class Tiering:
         """PERSIST tasks for `obj`'s durable replicas; their ids (PutEnd waits on them)."""
         ids = []
         for loc in obj.replicas:
-            if loc.tier in DURABLE_TIERS:
+            if is_durable(loc.tier):
                 move = Move(next(self._ids), MoveKind.PERSIST, Purpose.PERSIST, obj.key, loc)
                 move.checksum = obj.checksum
                 ids.append(self._enqueue(move).task_id)
@@ -147,7 +148,7 @@ class Tiering:
 
     def forget(self, key: str, loc: Location) -> None:
         """Tell a durable replica's node to drop it from its index (if the node lives)."""
-        if loc.tier in DURABLE_TIERS and loc.node_id in self.state.registry.nodes:
+        if is_durable(loc.tier) and loc.node_id in self.state.registry.nodes:
             self._enqueue(Move(next(self._ids), MoveKind.FORGET, Purpose.FORGET, key, loc))
 
     def _copy(self, obj: ObjectMeta, src: Location, dst_seg: Segment, purpose: Purpose) -> bool:
@@ -182,10 +183,9 @@ class Tiering:
 
     def _outgoing(self, tier: Tier) -> int:
         """Bytes of offloads out of `tier` queued or in flight (freed when they finish)."""
-        moves = [*self.inflight.values(), *(m for q in self.pending.values() for m in q)]
         return sum(
             m.dst.length
-            for m in moves
+            for m in self._all_moves()
             if m.purpose is Purpose.OFFLOAD and m.src is not None and m.src.tier == tier
         )
 
@@ -399,16 +399,15 @@ class Tiering:
 
     def reserved(self) -> list[Location]:
         """Destination ranges held by moves (allocated, not replicas)."""
-        moves = [*self.inflight.values(), *(m for q in self.pending.values() for m in q)]
-        return [m.dst for m in moves if m.dst_reserved]
+        return [m.dst for m in self._all_moves() if m.dst_reserved]
 
     def check_integrity(self) -> None:
         moving = {o.moving: k for k, o in self.state.objects.items() if o.moving}
-        live = {m.task_id for m in self.inflight.values()}
-        live |= {m.task_id for q in self.pending.values() for m in q}
+        moves = self._all_moves()
+        live = {m.task_id for m in moves}
         for task_id, key in moving.items():
             assert task_id in live, f"{key!r} waits on move {task_id} that does not exist"
-        for move in [*self.inflight.values(), *(m for q in self.pending.values() for m in q)]:
+        for move in moves:
             if move.kind is MoveKind.COPY and not move.cancelled:
                 obj = self.state.objects.get(move.key)
                 assert obj is None or obj.moving in (0, move.task_id), f"{move.key!r} moves twice"
