@@ -1,7 +1,8 @@
 """Mooncake's own store benchmark, run against Mooncake Store and kvstore side by side.
 
-`store_kv_bench.py` (mooncake-store/benchmarks in the Mooncake repository; fetch it,
-it is not part of kvstore) imports its store from $MOONCAKE_STORE_MODULE. This
+`store_kv_bench.py` (mooncake-store/benchmarks in the Mooncake repository, Apache-2.0;
+vendored unchanged in bench/third_party/mooncake/) imports its store from
+$MOONCAKE_STORE_MODULE. This
 script runs it once per store and object size, with the same arguments:
 `read_perf` with the zero-copy API (put_from / get_into from a registered buffer):
 a write phase of N fresh objects, then a read phase of them. Stores:
@@ -15,7 +16,7 @@ segment; `remote`: another process lends it (a `kvstore node`, or a Mooncake
 client holding a segment) and the benchmark client lends none. Every Mooncake
 process binds 127.0.0.1 (MC_TCP_BIND_ADDRESS). Ratios are kvstore / mooncake.
 
-    python bench/mooncake_side_by_side.py --harness /tmp/store_kv_bench.py [--quick] [--json]
+    python bench/mooncake_side_by_side.py [--placement own|remote] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+HARNESS = REPO / "bench" / "third_party" / "mooncake" / "store_kv_bench.py"
 MiB = 1 << 20
 START_TIMEOUT_S = 30.0
 
@@ -214,7 +216,7 @@ def print_table(rows: list[Row], placement: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--harness", type=Path, required=True, help="path of store_kv_bench.py")
+    parser.add_argument("--harness", type=Path, default=HARNESS, help="path of store_kv_bench.py")
     parser.add_argument("--placement", choices=["own", "remote"], default="own")
     parser.add_argument("--objects", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="16 objects per size")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvstore.client.config import ClientConfig
 from kvstore.client.datapath import DataPath
 from kvstore.client.directory import SegmentDirectory
+from kvstore.client.locations import LocationCache
 from kvstore.client.steps import Op, Rpc
 from kvstore.transfer.base import SegmentDescriptor
 from kvstore.types import Location
@@ -22,6 +23,12 @@ class OpContext:
     directory: SegmentDirectory
     data: DataPath
     node_id: str = ""  # the node id of our contributed segment, "" if none
+    locations: LocationCache = field(init=False)  # needs checksums: they validate its reads
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        entries = cfg.location_cache_entries if cfg.checksums else 0
+        self.locations = LocationCache(entries, cfg.location_cache_ttl_s)
 
 
 def resolve(

@@ -157,6 +157,7 @@ class ClientOps:
     def remove(self, key: str, force: bool) -> Op[bool]:
         """True when removed, False when absent; NotReadyError if leased/pinned/writing."""
         keys = self._keys([key])  # our own read lease does not block our own remove
+        self.ctx.locations.drop(keys)
         request = master_pb2.RemoveRequest(keys=keys, force=force, client_id=self.ctx.config.id)
         status = (yield from call("Remove", request)).results[0]
         err = error_for(status.code, status.message)

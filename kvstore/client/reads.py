@@ -44,9 +44,62 @@ def lookup_op(
 
 
 def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int | KVStoreError]]:
-    """Read each key into `target(i, size)`; a result per key: bytes read or its error."""
+    """Read each key into `target(i, size)`; a result per key: bytes read or its error.
+    Keys in the location cache are read with no master call; the rest (and cached
+    reads that fail their check) go through one leased BatchLookup."""
+    results: list[int | KVStoreError] = [0] * len(keys)
+    todo = list(range(len(keys)))
+    if ctx.locations.capacity:
+        todo = yield from _read_cached(ctx, keys, target, results)
+    if len(todo) == len(keys):
+        return (yield from _read_looked_up(ctx, keys, target))
+    if todo:
+        rest = yield from _read_looked_up(
+            ctx, [keys[i] for i in todo], lambda j, size: target(todo[j], size)
+        )
+        for i, res in zip(todo, rest, strict=True):
+            results[i] = res
+    return results
+
+
+def _read_cached(
+    ctx: OpContext, keys: Sequence[str], target: Target, results: list[int | KVStoreError]
+) -> Op[list[int]]:
+    """Read the keys the location cache knows, verifying each against its checksum;
+    the indices still to read (not cached, or their cached read failed)."""
+    pending: dict[int, tuple[list[Location], memoryview]] = {}
+    sums = [0] * len(keys)
+    for i, key in enumerate(keys):
+        entry = ctx.locations.get(key)
+        if entry is None:
+            continue
+        view = target(i, entry.size)
+        if isinstance(view, KVStoreError):  # e.g. a buffer too small for the cached size:
+            continue  # let a lookup say what the object is now
+        pending[i] = (_order(ctx, list(entry.replicas))[:1], view)
+        sums[i] = entry.checksum
+    if not pending:
+        return list(range(len(keys)))
+    cached = list(pending)
+    yield from _read_round(ctx, pending, dict.fromkeys(pending, 0), results, sums, False, True)
+    ctx.locations.hits += len(cached) - len(pending)
+    ctx.locations.stale += len(pending)
+    ctx.locations.drop([keys[i] for i in pending])
+    done = set(cached) - set(pending)
+    return [i for i in range(len(keys)) if i not in done]
+
+
+def _read_looked_up(
+    ctx: OpContext, keys: Sequence[str], target: Target
+) -> Op[list[int | KVStoreError]]:
+    """One leased BatchLookup, then READs (retrying replicas) of every key found."""
     lease_ms = max(1, int(ctx.config.lease_ttl_s * 1000))
-    found = yield from lookup_op(ctx, keys, lease_ms)
+    request = master_pb2.BatchLookupRequest(
+        keys=keys, lease_ttl_ms=lease_ms, client_id=ctx.config.id
+    )
+    reply = yield Rpc("BatchLookup", request)
+    found = reply.results
+    leased_s = reply.lease_ttl_ms / 1000  # the cache serves a key only inside its lease
     results: list[int | KVStoreError] = [0] * len(keys)
     pending: dict[int, tuple[list[Location], memoryview]] = {}
     sums = [res.checksum if ctx.config.checksums else 0 for res in found]
@@ -57,8 +110,10 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
         if isinstance(view, KVStoreError):
             results[i] = view
             continue
-        pending[i] = (_order(ctx, [from_pb_location(r) for r in res.replicas]), view)
+        replicas = _order(ctx, [from_pb_location(r) for r in res.replicas])
+        pending[i] = (replicas, view)
         results[i] = res.size
+        ctx.locations.put(keys[i], res.size, res.checksum, replicas, leased_s)
     nth = dict.fromkeys(pending, 0)  # which replica each key reads next
     retried: set[int] = set()
     refresh = False
@@ -94,14 +149,17 @@ def _report_corrupt(ctx: OpContext, corrupt: list[tuple[str, Location]]) -> Op[N
         return
 
 
-def _checked(ctx: OpContext, loc: Location) -> bool:
-    """Whether reads from `loc`'s tier are verified (SSD always; DRAM/HBM by config)."""
-    return loc.tier == Tier.SSD or ctx.config.verify_dram
+def _checked(ctx: OpContext, loc: Location, force: bool = False) -> bool:
+    """Whether reads from `loc`'s tier are verified (SSD always; DRAM/HBM by config;
+    every read of a cached location, `force`: the check is what validates it)."""
+    return force or loc.tier == Tier.SSD or ctx.config.verify_dram
 
 
-def _verified(ctx: OpContext, view: memoryview, loc: Location, checksum: int) -> bool:
+def _verified(
+    ctx: OpContext, view: memoryview, loc: Location, checksum: int, force: bool = False
+) -> bool:
     """Whether the bytes read from `loc` match the object's checksum (True if unchecked)."""
-    if not checksum or not _checked(ctx, loc):
+    if not checksum or not _checked(ctx, loc, force):
         return True
     return checksum_of(view) == checksum
 
@@ -126,9 +184,11 @@ def _read_round(
     results: list[int | KVStoreError],
     sums: Sequence[int],
     refresh: bool,
+    force: bool = False,
 ) -> Op[list[tuple[int, Location]]]:
     """READ replica `nth[i]` of every pending key i as one batch; settle what is final.
-    Returns the (key index, replica) pairs whose bytes failed their checksum."""
+    Returns the (key index, replica) pairs whose bytes failed their checksum. `force`
+    verifies every replica (reads of cached locations)."""
     for i in [i for i, (locs, _) in pending.items() if nth[i] >= len(locs)]:
         if not isinstance(results[i], KVStoreError):
             results[i] = TransferError("object has no readable replica")
@@ -143,7 +203,7 @@ def _read_round(
         if desc is None:
             results[i] = TransferError(f"segment {loc.segment!r} of {loc.node_id!r} is gone")
             continue
-        if sums[i] and _checked(ctx, loc) and (mem := ctx.data.mapped(desc)) is not None:
+        if sums[i] and _checked(ctx, loc, force) and (mem := ctx.data.mapped(desc)) is not None:
             local.append((i, loc, mem))  # same host: copy and checksum in one pass
             continue
         transfers.append(Transfer(desc, loc.offset, pending[i][1]))
@@ -164,7 +224,7 @@ def _read_round(
     for (i, loc), err in zip(owners, errors, strict=True):
         if err is not None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
-        elif _verified(ctx, pending[i][1], loc, sums[i]):
+        elif _verified(ctx, pending[i][1], loc, sums[i], force):
             results[i] = pending.pop(i)[1].nbytes
         else:  # never hand back bytes that fail their checksum: try the next replica
             results[i] = _corrupt(loc)

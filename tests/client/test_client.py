@@ -94,6 +94,9 @@ def test_batches_use_one_rpc_per_phase(client, fresh) -> None:
     calls.clear()
     got = client.run(client.ops.batch_get(keys), counting)
     assert got == [v for _, v in items] and calls == ["BatchLookup"]
+    calls.clear()  # now their locations are cached (and leased): a repeated get asks nobody
+    got = client.run(client.ops.batch_get(keys), counting)
+    assert got == [v for _, v in items] and calls == []
 
 
 def test_exists_size_remove(client, fresh) -> None:

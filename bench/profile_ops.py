@@ -1,0 +1,193 @@
+"""Where one put and one get spend their time, by stage (issue 14, point 5).
+
+A `kvstore master` and a `kvstore node` lending DRAM run in other processes; this
+process is one client with a registered buffer (the zero-copy API, as Mooncake's
+store_kv_bench uses it) doing N single-object `put_from` then N `get_into`. Every
+master call and every data-path batch is timed where the client makes it, so each
+operation's wall time splits into:
+
+    rpc       master round trips over gRPC (the master's own work included), per method
+    lane      master round trips over the fast lane (kvstore.fastlane), per method
+    transfer  the data path's batches (shm copy / TCP / NIXL)
+    local     copy + checksum done by the client itself on mapped memory
+    other     the rest: Python in the client (building requests, bookkeeping)
+
+`--cprofile N` also prints the top N functions by cumulative time of the get and
+put loops. Results: a table, and with --json one JSON object.
+
+    python bench/profile_ops.py [--size-kib 1024] [--ops 200] [--transport auto|tcp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvstore.client import reads  # noqa: E402
+from kvstore.client.client import Client  # noqa: E402
+from kvstore.client.datapath import DataPath  # noqa: E402
+from kvstore.fastlane import SyncLane  # noqa: E402
+
+MiB = 1 << 20
+
+
+class Stages:
+    """Seconds spent per stage, accumulated while `on`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def timed(self, stage: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.seconds[stage] += time.perf_counter() - t0
+            self.calls[stage] += 1
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def instrument(client: Client, stages: Stages) -> None:
+    """Wrap the client's master calls, its data path and its local copy to time them."""
+    call = client.call_rpc
+    client.call_rpc = lambda step: stages.timed(f"rpc:{step.method}", lambda: call(step))  # type: ignore[method-assign]
+    run = DataPath.run
+    DataPath.run = lambda self, op, ts: stages.timed("transfer", lambda: run(self, op, ts))  # type: ignore[method-assign]
+    lane_call = SyncLane.call
+    SyncLane.call = lambda self, m, r: stages.timed(f"lane:{m}", lambda: lane_call(self, m, r))  # type: ignore[method-assign]
+    copy = reads._copy_hashed
+    reads._copy_hashed = lambda d, s, loc: stages.timed("local", lambda: copy(d, s, loc))  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def pool(dram_mib: int) -> Iterator[str]:
+    kv = [sys.executable, "-m", "cli.main"]
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    quiet = {"stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL, "env": env}
+    master = subprocess.Popen([*kv, "master", "--listen", "127.0.0.1:0"], **quiet)  # type: ignore[call-overload]
+    procs = [master]
+    try:
+        assert master.stdout is not None
+        address = master.stdout.readline().split()[4].decode()
+        node_cmd = [*kv, "node", "--master", address, "--dram-mib", str(dram_mib)]
+        node = subprocess.Popen(node_cmd, **quiet)  # type: ignore[call-overload]
+        procs.append(node)
+        assert node.stdout is not None
+        for line in node.stdout:
+            if line.startswith(b"kvstore node "):
+                break
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+
+
+def run_phase(
+    name: str, ops: int, fn: Callable[[int], None], stages: Stages, profile: int
+) -> dict[str, Any]:
+    stages.reset()
+    lat = []
+    prof = cProfile.Profile() if profile else None
+    if prof:
+        prof.enable()
+    t0 = time.perf_counter()
+    for i in range(ops):
+        s = time.perf_counter()
+        fn(i)
+        lat.append(time.perf_counter() - s)
+    wall = time.perf_counter() - t0
+    if prof:
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(profile)
+        print(f"--- cProfile: {name} ---\n{out.getvalue()}", file=sys.stderr)
+    per_op = {k: v / ops * 1e6 for k, v in stages.seconds.items()}
+    per_op["other"] = wall / ops * 1e6 - sum(per_op.values())
+    lat.sort()
+    return {
+        "phase": name,
+        "ops": ops,
+        "us_per_op": wall / ops * 1e6,
+        "p50_us": statistics.median(lat) * 1e6,
+        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
+        "stages_us": dict(sorted(per_op.items())),
+        "calls_per_op": {k: v / ops for k, v in sorted(stages.calls.items())},
+    }
+
+
+def measure(
+    address: str, size: int, ops: int, transport: str, profile: int
+) -> list[dict[str, Any]]:
+    stages = Stages()
+    buf = np.random.default_rng(0).integers(0, 255, size * 2, dtype=np.uint8)
+    out = np.empty(size, dtype=np.uint8)
+    prefix = uuid.uuid4().hex[:8]
+    with Client(address, transport=transport) as c:
+        c.register_buffer(buf)
+        c.register_buffer(out)
+        instrument(c, stages)
+        c.put_from(f"{prefix}-warm", buf, 0, size)  # connections, directory, lane
+        c.get_into(f"{prefix}-warm", out)
+        rows = [
+            run_phase(
+                "put", ops, lambda i: c.put_from(f"{prefix}-{i}", buf, 0, size), stages, profile
+            ),
+            run_phase("get", ops, lambda i: c.get_into(f"{prefix}-{i}", out), stages, profile),
+        ]
+        assert bytes(out) == bytes(buf[:size]), "the last get read wrong bytes"
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size-kib", type=int, default=1024)
+    p.add_argument("--ops", type=int, default=200)
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp"])
+    p.add_argument("--cprofile", type=int, default=0, metavar="N")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    size = args.size_kib << 10
+    dram_mib = max(256, size * (args.ops + 2) * 2 // MiB)
+    with pool(dram_mib) as address:
+        rows = measure(address, size, args.ops, args.transport, args.cprofile)
+    if args.json:
+        print(json.dumps({"bench": "profile_ops", "size": size, "transport": args.transport,
+                          "rows": rows}))  # fmt: skip
+        return 0
+    print(f"{size >> 10} KiB objects, transport {args.transport}, {args.ops} ops per phase")
+    for r in rows:
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in r["stages_us"].items())
+        print(f"{r['phase']}: {r['us_per_op']:.0f} us/op (p50 {r['p50_us']:.0f}, "
+              f"p99 {r['p99_us']:.0f}) = {parts}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

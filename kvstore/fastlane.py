@@ -1,0 +1,512 @@
+"""The master's fast lane: its hot-path calls over one framed TCP connection.
+
+A Python gRPC unary call costs ~480 us here even against a bare grpc.aio server
+(bench/profile_ops.py measures it), while a request/reply over a plain socket to
+an asyncio Protocol costs ~55 us. A put was two such gRPC calls and a get one, so at
+<= 1 MiB the round trips, not the bytes, set the pace (issue 14). The fast lane
+carries the *same* protobuf messages to the *same* servicer methods for the calls on
+the hot path (`METHODS`); everything else, and every call when the lane is down,
+goes over gRPC. It is plaintext: a master whose gRPC port is secured does not open
+one (kvstore.master.server), so it never becomes a way around the credentials.
+
+Frames, little-endian:
+
+    request   u32 length-of-rest | u32 id | u8 method | protobuf request
+    reply     u32 length-of-rest | u32 id | u8 status | protobuf reply, or UTF-8 message
+
+`status` is the gRPC status code number (0 = OK), so one mapping
+(kvstore.rpc_errors) turns it into the same typed error a gRPC call raises. Replies
+carry their request's id: the async client multiplexes calls on one connection;
+the sync client keeps one connection per thread.
+
+    lane = await FastLaneServer.start(servicer, "127.0.0.1")     # lane.address
+    client = SyncLane(lane.address, timeout_s=5.0)
+    reply = client.call("BatchLookup", request)                  # or raises KVStoreError
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
+from kvstore.rpc_errors import error_for_status, status_for
+from kvstore.v1 import master_pb2
+
+# The hot path: what a put and a get call. Ids are the index (append only: wire format).
+METHODS = ("PutStart", "PutEnd", "PutRevoke", "BatchLookup", "Stats")
+_ID = {name: i for i, name in enumerate(METHODS)}
+_REQUEST = [getattr(master_pb2, f"{m}Request") for m in METHODS]
+_REPLY = [getattr(master_pb2, f"{m}Response") for m in METHODS]
+HEADER = struct.Struct("<IIB")  # length of the rest, id, method (request) / status (reply)
+MAX_FRAME = 64 << 20  # as gRPC's max message size
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _frame(ident: int, tag: int, payload: bytes) -> bytes:
+    return HEADER.pack(len(payload) + 5, ident, tag) + payload
+
+
+def _error(status: int, payload: bytes) -> KVStoreError:
+    code = _STATUS.get(status, grpc.StatusCode.UNKNOWN)
+    return error_for_status(code, payload.decode("utf-8", "replace"))
+
+
+# ---- server ------------------------------------------------------------------
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Context:
+    """The part of grpc.aio.ServicerContext the servicer uses (abort, peer, metadata)."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Abort(code, details)
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def code(self) -> None:
+        return None
+
+
+class _ServerConnection(asyncio.Protocol):
+    def __init__(self, lane: FastLaneServer) -> None:
+        self.lane = lane
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.ctx = _Context("")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.ctx = _Context(f"ipv4:{peer[0]}:{peer[1]}")
+        self.lane.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lane.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack_from("<I", self.buf)
+            if n < 5 or n > MAX_FRAME:
+                self._fail(f"bad frame length {n}")
+                return
+            if len(self.buf) < 4 + n:
+                return
+            _, ident, method = HEADER.unpack_from(self.buf)
+            payload = bytes(self.buf[HEADER.size : 4 + n])
+            del self.buf[: 4 + n]
+            task = asyncio.ensure_future(self._answer(ident, method, payload))
+            self.lane.tasks.add(task)
+            task.add_done_callback(self.lane.tasks.discard)
+
+    def _fail(self, why: str) -> None:
+        """A peer that breaks the framing gets its connection closed (nothing else)."""
+        self.lane.protocol_errors += 1
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _answer(self, ident: int, method: int, payload: bytes) -> None:
+        started = time.perf_counter()
+        status, body, name = await self.lane.dispatch(method, payload, self.ctx)
+        self.lane.observe(name, time.perf_counter() - started, status)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_frame(ident, status, body))
+
+
+class FastLaneServer:
+    """Serves `METHODS` of one servicer on a TCP port (the master's host, port 0)."""
+
+    def __init__(self, servicer: Any, server: asyncio.Server, observe: Callable[..., None]):
+        self.servicer = servicer
+        self.server = server
+        self.connections: set[_ServerConnection] = set()
+        self.tasks: set[asyncio.Future[None]] = set()
+        self.protocol_errors = 0
+        self._observe = observe
+        host, port = server.sockets[0].getsockname()[:2]
+        self.address = f"{host}:{port}"
+
+    @classmethod
+    async def start(
+        cls, servicer: Any, host: str, observe: Callable[[str, float, int], None] | None = None
+    ) -> FastLaneServer:
+        """Listen on `host`, a free port; `observe(method, seconds, status)` per call."""
+        loop = asyncio.get_running_loop()
+        holder: list[FastLaneServer] = []
+        server = await loop.create_server(lambda: _ServerConnection(holder[0]), host, 0)
+        lane = cls(servicer, server, observe or (lambda *_: None))
+        holder.append(lane)
+        return lane
+
+    def observe(self, method: str, seconds: float, status: int) -> None:
+        self._observe(method, seconds, status)
+
+    async def dispatch(self, method: int, payload: bytes, ctx: _Context) -> tuple[int, bytes, str]:
+        """(status, reply or message, method name) of one request."""
+        if not 0 <= method < len(METHODS):
+            code = grpc.StatusCode.UNIMPLEMENTED
+            return code.value[0], f"no fast-lane method {method}".encode(), "?"
+        name = METHODS[method]
+        try:
+            request = _REQUEST[method].FromString(payload)
+            reply = await getattr(self.servicer, name)(request, ctx)
+            return 0, reply.SerializeToString(), name
+        except _Abort as exc:
+            return exc.code.value[0], str(exc).encode(), name
+        except KVStoreError as exc:
+            return status_for(exc).value[0], str(exc).encode(), name
+        except Exception as exc:  # a malformed message, or a bug: INTERNAL, never a hang
+            code = grpc.StatusCode.INVALID_ARGUMENT if _is_decode(exc) else grpc.StatusCode.INTERNAL
+            return code.value[0], f"{type(exc).__name__}: {exc}".encode(), name
+
+    async def stop(self) -> None:
+        self.server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        for task in list(self.tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.wait_closed(), 2.0)
+
+
+def _is_decode(exc: Exception) -> bool:
+    return type(exc).__name__ == "DecodeError"
+
+
+# ---- clients -----------------------------------------------------------------
+
+
+def _check_method(method: str) -> int:
+    ident = _ID.get(method)
+    if ident is None:
+        raise BadRequestError(f"{method} is not a fast-lane method")
+    return ident
+
+
+def serves(method: str) -> bool:
+    """Whether `method` may go over the fast lane."""
+    return method in _ID
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class LaneDown(UnavailableError):
+    """The lane is unreachable or its connection broke (e.g. the master restarted):
+    the call goes over gRPC instead. Every fast-lane method is safe to send again
+    after a broken connection: a master that restarted lost the first attempt's
+    uncommitted state, and PutEnd/PutRevoke/BatchLookup/Stats repeat harmlessly."""
+
+
+class SyncLane:
+    """Blocking client: one connection per calling thread, opened on first use."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._ids = 0
+
+    def _sock(self) -> socket.socket:
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            try:
+                sock = socket.create_connection(_split(self.address), min(2.0, self.timeout_s))
+            except OSError as exc:
+                raise LaneDown(f"fast lane {self.address} unreachable: {exc}") from None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.timeout_s)
+            self._local.sock = sock
+            with self._lock:
+                self._socks.append(sock)
+        return sock
+
+    def call(self, method: str, request: Any) -> Any:
+        """The reply of one call; the call's KVStoreError; LaneDown if nothing was sent."""
+        tag = _check_method(method)
+        sock = self._sock()
+        self._ids = ident = (self._ids + 1) & 0xFFFFFFFF
+        try:
+            sock.sendall(_frame(ident, tag, request.SerializeToString()))
+            head = _recv_exact(sock, HEADER.size)
+            n, got, status = HEADER.unpack(head)
+            body = _recv_exact(sock, n - 5)
+        except TimeoutError:  # the master is slow: as a gRPC deadline (no retry elsewhere)
+            self._drop(sock)
+            raise UnavailableError(
+                f"fast lane {self.address}: no reply in {self.timeout_s} s"
+            ) from None
+        except OSError as exc:  # reset or closed (e.g. the master restarted): use gRPC
+            self._drop(sock)
+            raise LaneDown(f"fast lane {self.address}: {exc}") from None
+        if got != ident:
+            self._drop(sock)
+            raise UnavailableError(f"fast lane {self.address}: reply to {got}, want {ident}")
+        if status:
+            raise _error(status, body)
+        return _REPLY[tag].FromString(body)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._local.sock = None
+        with self._lock:
+            if sock in self._socks:
+                self._socks.remove(sock)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+class _AsyncConnection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.waiting: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= HEADER.size:
+            n, ident, status = HEADER.unpack_from(self.buf)
+            if len(self.buf) < 4 + n:
+                return
+            body = bytes(self.buf[HEADER.size : 4 + n])
+            del self.buf[: 4 + n]
+            fut = self.waiting.pop(ident, None)
+            if fut is not None and not fut.done():
+                fut.set_result((status, body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for fut in self.waiting.values():
+            if not fut.done():
+                fut.set_exception(UnavailableError(f"fast lane connection lost: {exc}"))
+        self.waiting.clear()
+
+
+class AsyncLane:
+    """asyncio client: one connection, calls multiplexed by id."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._conn: _AsyncConnection | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._ids = 0
+
+    async def _connection(self) -> _AsyncConnection:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._conn is None or self._conn.closed:
+                loop = asyncio.get_running_loop()
+                host, port = _split(self.address)
+                try:
+                    _, conn = await asyncio.wait_for(
+                        loop.create_connection(_AsyncConnection, host, port),
+                        min(2.0, self.timeout_s),
+                    )
+                except (TimeoutError, OSError) as exc:
+                    raise LaneDown(f"fast lane {self.address} unreachable: {exc}") from None
+                self._conn = conn
+        return self._conn
+
+    async def call(self, method: str, request: Any) -> Any:
+        tag = _check_method(method)
+        conn = await self._connection()
+        self._ids = ident = (self._ids + 1) & 0xFFFFFFFF
+        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        conn.waiting[ident] = fut
+        assert conn.transport is not None
+        conn.transport.write(_frame(ident, tag, request.SerializeToString()))
+        try:
+            status, body = await asyncio.wait_for(fut, self.timeout_s)
+        except TimeoutError:
+            conn.waiting.pop(ident, None)
+            raise UnavailableError(
+                f"fast lane {self.address}: no reply in {self.timeout_s} s"
+            ) from None
+        except UnavailableError as exc:  # the connection broke: use gRPC
+            raise LaneDown(str(exc)) from None
+        if status:
+            raise _error(status, body)
+        return _REPLY[tag].FromString(body)
+
+    def close(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+        self._conn = None
+
+
+# ---- routing a client's calls ------------------------------------------------
+
+RETRY_AFTER_S = 5.0  # after the lane failed, calls go over gRPC this long before a new probe
+
+
+class _Router:
+    """Which calls go over the lane: learnt from the master's Stats (`fast_lane`)."""
+
+    def __init__(self, timeout_s: float, on_stats: Callable[[Any], None] | None) -> None:
+        self.timeout_s = timeout_s
+        self.on_stats = on_stats or (lambda _reply: None)
+        self.address = ""
+        self.probe_at = 0.0  # monotonic time of the next probe; inf = never (disabled)
+        self.fallbacks = 0  # calls that went to gRPC because the lane broke
+
+    def disable(self) -> None:
+        self.probe_at = float("inf")
+
+    def _due(self, method: str) -> bool:
+        return serves(method) and time.monotonic() >= self.probe_at
+
+    @staticmethod
+    def _learnt(reply: Any) -> str:
+        return str(getattr(reply, "fast_lane", ""))
+
+    def _failed(self) -> None:
+        self.fallbacks += 1
+        self.probe_at = time.monotonic() + RETRY_AFTER_S
+
+
+class SyncRouter(_Router):
+    """Routes a sync client's calls: `call(method, request, grpc_call)`."""
+
+    def __init__(self, timeout_s: float, on_stats: Callable[[Any], None] | None = None) -> None:
+        super().__init__(timeout_s, on_stats)
+        self.lane: SyncLane | None = None
+
+    def call(self, method: str, request: Any, grpc_call: Callable[[str, Any], Any]) -> Any:
+        if self.lane is None and self._due(method):
+            self._probe(grpc_call)
+        lane = self.lane
+        if lane is None or not serves(method):
+            reply = grpc_call(method, request)
+            if method == "Stats":
+                self._learnt(reply)
+            return reply
+        try:
+            reply = lane.call(method, request)
+        except LaneDown:
+            self._drop()
+            return grpc_call(method, request)
+        if method == "Stats":
+            self._learnt(reply)
+        return reply
+
+    def _probe(self, grpc_call: Callable[[str, Any], Any]) -> None:
+        self.probe_at = time.monotonic() + RETRY_AFTER_S  # one probe at a time
+        reply = grpc_call("Stats", master_pb2.StatsRequest())
+        self.on_stats(reply)  # the client's segment directory: its first resolve is free
+        address = self._learnt(reply)
+        if address:
+            self.lane = SyncLane(address, self.timeout_s)
+
+    def _drop(self) -> None:
+        if self.lane is not None:
+            self.lane.close()
+        self.lane = None
+        self._failed()
+
+    def close(self) -> None:
+        self.disable()
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
+
+
+class AsyncRouter(_Router):
+    """Routes an async client's calls: `await call(method, request, grpc_call)`."""
+
+    def __init__(self, timeout_s: float, on_stats: Callable[[Any], None] | None = None) -> None:
+        super().__init__(timeout_s, on_stats)
+        self.lane: AsyncLane | None = None
+
+    async def call(self, method: str, request: Any, grpc_call: Callable[[str, Any], Any]) -> Any:
+        if self.lane is None and self._due(method):
+            self.probe_at = time.monotonic() + RETRY_AFTER_S
+            reply = await grpc_call("Stats", master_pb2.StatsRequest())
+            self.on_stats(reply)
+            address = self._learnt(reply)
+            if address:
+                self.lane = AsyncLane(address, self.timeout_s)
+        lane = self.lane
+        if lane is None or not serves(method):
+            reply = await grpc_call(method, request)
+            if method == "Stats":
+                self._learnt(reply)
+            return reply
+        try:
+            reply = await lane.call(method, request)
+        except LaneDown:
+            lane.close()
+            self.lane = None
+            self._failed()
+            return await grpc_call(method, request)
+        if method == "Stats":
+            self._learnt(reply)
+        return reply
+
+    def close(self) -> None:
+        self.disable()
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None

@@ -1,0 +1,156 @@
+"""The master's fast lane (kvstore.fastlane) against a real master process: the hot path
+goes over it, errors come back typed, a restart falls back to gRPC and finds the new
+lane, hostile bytes close only their own connection, and the async client uses it too."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvstore import fastlane
+from kvstore.client.aio import AsyncClient
+from kvstore.client.client import Client
+from kvstore.errors import BadRequestError, ExistsError, NotFoundError
+from kvstore.fastlane import HEADER, METHODS, SyncLane
+from kvstore.v1 import master_pb2
+from tests.cluster import Cluster
+
+
+@pytest.fixture()
+def cluster(tmp_path: Any) -> Iterator[Cluster]:
+    with Cluster(nodes=1, dram_bytes=16 << 20, workdir=tmp_path) as c:
+        yield c
+
+
+class Counted:
+    """Counts the calls each path carries: lane calls by method, gRPC calls by method."""
+
+    def __init__(self, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lane: Counter[str] = Counter()
+        self.grpc: Counter[str] = Counter()
+        real_lane, real_grpc = SyncLane.call, client.call_rpc
+
+        def lane_call(lane: SyncLane, method: str, request: Any) -> Any:
+            self.lane[method] += 1
+            return real_lane(lane, method, request)
+
+        def grpc_call(step: Any) -> Any:
+            self.grpc[step.method] += 1
+            return real_grpc(step)
+
+        monkeypatch.setattr(SyncLane, "call", lane_call)
+        monkeypatch.setattr(client, "call_rpc", grpc_call)
+
+
+def test_hot_path_goes_over_the_lane(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Client(cluster.address, location_cache_entries=0) as c:  # every get looks up
+        counted = Counted(c, monkeypatch)
+        c.put("a", b"x" * 1000)
+        assert c.get("a") == b"x" * 1000
+        for i in range(5):
+            c.put(f"k{i}", bytes([i]) * 4096)
+            assert c.get(f"k{i}") == bytes([i]) * 4096
+        # one gRPC Stats found the lane; everything after went over it
+        assert counted.grpc == Counter({"Stats": 1})
+        assert counted.lane["PutStart"] == counted.lane["PutEnd"] == 6
+        assert counted.lane["BatchLookup"] == 6
+        assert cluster.stats().fast_lane
+
+
+def test_errors_come_back_typed(cluster: Cluster) -> None:
+    with Client(cluster.address) as c:
+        c.put("dup", b"1")
+        with pytest.raises(ExistsError):
+            c.put("dup", b"2")
+        with pytest.raises(NotFoundError):
+            c.get("missing")
+        lane = SyncLane(cluster.stats().fast_lane, timeout_s=5.0)
+        try:  # a whole-call error (an abort in the servicer): its status, as over gRPC
+            with pytest.raises(BadRequestError, match="client_id"):
+                lane.call("PutStart", master_pb2.PutStartRequest())
+            with pytest.raises(BadRequestError):
+                lane.call("Remove", master_pb2.RemoveRequest())  # not a lane method
+        finally:
+            lane.close()
+        assert c.get("dup") == b"1"
+
+
+def test_restart_falls_back_then_finds_the_new_lane(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastlane, "RETRY_AFTER_S", 0.0)  # probe again at the next call
+    with Client(cluster.address, location_cache_entries=0) as c:  # every get looks up
+        counted = Counted(c, monkeypatch)
+        c.put("before", b"b")
+        old_lane = cluster.stats().fast_lane
+        cluster.restart_master()
+        cluster.wait_stats(lambda s: len(s.segments) == 1)
+        c.put("after", b"a")  # the old lane's connection is dead: this one goes by gRPC
+        assert counted.grpc["PutStart"] == 1 and c._router.fallbacks == 1
+        lookups = counted.lane["BatchLookup"]
+        assert c.get("after") == b"a"  # a new probe found the new master's lane
+        assert counted.lane["BatchLookup"] == lookups + 1
+        new_lane = cluster.stats().fast_lane
+        assert c._router.lane is not None and c._router.lane.address == new_lane != old_lane
+
+
+def test_hostile_bytes_close_only_their_connection(cluster: Cluster) -> None:
+    address = cluster.stats().fast_lane
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 5) as bad:
+        bad.sendall(struct.pack("<I", 0xFFFFFFF0) + b"junk")  # a frame longer than allowed
+        bad.settimeout(5)
+        assert bad.recv(16) == b""  # the master closed it
+    with socket.create_connection((host, int(port)), 5) as s:
+        s.settimeout(5)
+        s.sendall(HEADER.pack(5 + 3, 7, METHODS.index("BatchLookup")) + b"\xff\xff\xff")
+        n, ident, status = HEADER.unpack(_recv(s, HEADER.size))
+        body = _recv(s, n - 5)
+        assert (ident, status) == (7, 3)  # INVALID_ARGUMENT: a message that does not parse
+        assert body
+        s.sendall(HEADER.pack(5, 8, 200))  # an unknown method
+        n, ident, status = HEADER.unpack(_recv(s, HEADER.size))
+        _recv(s, n - 5)
+        assert (ident, status) == (8, 12)  # UNIMPLEMENTED
+    with Client(cluster.address) as c:  # everyone else is served as before
+        c.put("still", b"ok")
+        assert c.get("still") == b"ok"
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "connection closed"
+        out += chunk
+    return out
+
+
+def test_async_client_uses_the_lane(cluster: Cluster) -> None:
+    async def main() -> None:
+        async with AsyncClient(cluster.address) as c:
+            await asyncio.gather(*(c.put(f"a{i}", bytes([i]) * 100) for i in range(8)))
+            values = await asyncio.gather(*(c.get(f"a{i}") for i in range(8)))
+            assert values == [bytes([i]) * 100 for i in range(8)]
+            assert c._router.lane is not None and c._router.fallbacks == 0
+            with pytest.raises(ExistsError):
+                await c.put("a0", b"again")
+
+    asyncio.run(main())
+
+
+def test_master_without_lane_serves_grpc(tmp_path: Any) -> None:
+    with (
+        Cluster(nodes=1, workdir=tmp_path, master_options={"fast_lane": 0}) as cluster,
+        Client(cluster.address) as c,
+    ):
+        c.put("k", b"v")
+        assert c.get("k") == b"v"
+        assert cluster.stats().fast_lane == ""
+        assert c._router.lane is None
