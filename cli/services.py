@@ -106,12 +106,14 @@ def master_flags(args: argparse.Namespace) -> dict[str, Any]:
 def run_master_cmd(args: argparse.Namespace) -> int:
     """The same process as `python -m kvstore.master`, configured by kvstore.config."""
     from kvstore.config import load
+    from kvstore.master.launch import ha_config
     from kvstore.master.server import run_master
 
     config = load(args.config).section("master", master_flags(args)).build()
     split_listen(config.listen)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
-    run_master(config.listen, config=config, metrics_listen=args.metrics_listen)
+    ha = ha_config(args)  # --etcd: one master of an HA pool (kvstore.master.ha)
+    run_master(config.listen, config=config, metrics_listen=args.metrics_listen, ha=ha)
     return 0
 
 

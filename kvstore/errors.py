@@ -10,6 +10,7 @@
     ├── CorruptError         checksum mismatch on read                     (DATA_LOSS)
     ├── TransferError        a peer vanished or a transfer failed          (UNAVAILABLE)
     ├── UnavailableError     a service (master, node) cannot be reached    (UNAVAILABLE)
+    │   └── NotLeaderError   a master that is not the HA leader (names it) (UNAVAILABLE)
     └── IOFaultError         the OS or RocksDB failed an I/O (EIO, ...)    (INTERNAL)
 
 `None` means "absent / not now"; an exception means bad input or a fault.
@@ -63,6 +64,29 @@ class TransferError(KVStoreError):
 
 class UnavailableError(KVStoreError):
     grpc_code = "UNAVAILABLE"
+
+
+class NotLeaderError(UnavailableError):
+    """This master is not the pool's leader (a follower, or a leader that lost its
+    lease): nothing was done. `leader` is the leader's address when known, else ""."""
+
+    grpc_code = "UNAVAILABLE"
+    PREFIX = "not leader"  # how the status message starts on the wire
+
+    def __init__(self, message: str = "", leader: str = "") -> None:
+        super().__init__(message or f"{self.PREFIX}: leader is {leader or 'unknown'}")
+        self.leader = leader
+
+    @classmethod
+    def parse(cls, message: str) -> NotLeaderError | None:
+        """The error a status message carries ("...not leader: leader is HOST:PORT..."),
+        or None when it is not a not-leader message."""
+        at = message.find(cls.PREFIX + ":")
+        if at < 0:
+            return None
+        rest = message[at:].split("leader is ", 1)
+        leader = rest[1].split()[0].rstrip(".,;") if len(rest) == 2 and rest[1] else ""
+        return cls(message, "" if leader == "unknown" else leader)
 
 
 class IOFaultError(KVStoreError):

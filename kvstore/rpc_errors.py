@@ -64,6 +64,10 @@ _TOO_LARGE_MESSAGE = ("larger than max", "message too large")
 
 def error_for_status(code: grpc.StatusCode, message: str) -> errors.KVStoreError:
     """The KVStoreError a client raises for a failed RPC."""
+    if code == grpc.StatusCode.UNAVAILABLE:  # HA: a follower names the leader
+        not_leader = errors.NotLeaderError.parse(message)
+        if not_leader is not None:
+            return not_leader
     cls = _FROM_STATUS.get(code, errors.KVStoreError)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
         m in message.lower() for m in _TOO_LARGE_MESSAGE

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstore.client.client import make_config
+from kvstore import failover
+from kvstore.client.client import make_config, master_addresses
 from kvstore.client.config import ClientConfig
 from kvstore.client.context import OpContext
 from kvstore.client.datapath import DataPath
@@ -26,7 +27,6 @@ from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_async
 from kvstore.client.writes import PutOptions
-from kvstore.edge import aio_channel
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
@@ -66,7 +66,10 @@ class AsyncClient:
         return self
 
     def _make_channel(self) -> grpc.aio.Channel:
-        return aio_channel(self.config.master, self.config.credentials)
+        return failover.aio_failover_channel(
+            master_addresses(self.config), self.config.credentials,
+            self.config.failover_timeout_s,
+        )  # fmt: skip
 
     async def _call(self, step: Rpc) -> Any:
         assert self._stub is not None

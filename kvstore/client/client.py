@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kvstore import failover
 from kvstore.client.config import ClientConfig
 from kvstore.client.context import OpContext
 from kvstore.client.datapath import DataPath
@@ -26,7 +27,6 @@ from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_sync
 from kvstore.client.writes import PutOptions
-from kvstore.edge import sync_channel
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
@@ -37,12 +37,22 @@ T = TypeVar("T")
 
 
 def make_config(master: str | ClientConfig, options: dict[str, Any]) -> ClientConfig:
-    """A ClientConfig from an address or a config, with `options` overriding fields."""
+    """A ClientConfig from an address ("host:port", or "h1:p1,h2:p2,..." for the masters
+    of an HA pool) or a config, with `options` overriding fields."""
     if isinstance(master, ClientConfig):
         return dataclasses.replace(master, **options) if options else master
     if not isinstance(master, str):
         raise BadRequestError(f"master must be 'host:port' or a ClientConfig, got {master!r}")
+    if "," in master:
+        addresses = failover.split_masters(master)
+        options = {"masters": tuple(addresses), **options}
+        master = addresses[0]
     return ClientConfig(master=master, **options)
+
+
+def master_addresses(config: ClientConfig) -> list[str]:
+    """Every master address a client may call (the HA leader is found among them)."""
+    return failover.split_masters([config.master, *config.masters])
 
 
 class Client:
@@ -53,7 +63,10 @@ class Client:
         self._data = DataPath(self.config.transport, self.config.timeout_s)
         self._ctx = OpContext(self.config, SegmentDirectory(), self._data)
         self._ops = ClientOps(self._ctx)
-        self._channel = sync_channel(self.config.master, self.config.credentials)
+        self._channel = failover.sync_channel(
+            master_addresses(self.config), self.config.credentials,
+            self.config.failover_timeout_s,
+        )  # fmt: skip
         self._stub = master_pb2_grpc.MasterStub(self._channel)
         self._node: StorageNode | None = None
         self._closed = False

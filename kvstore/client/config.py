@@ -38,6 +38,11 @@ class ClientConfig:
     # master. `verify_dram` False skips the check for DRAM/HBM replicas only.
     checksums: bool = True
     verify_dram: bool = True
+    # HA (kvstore.master.ha): every master of the pool; calls follow the leader among
+    # them (kvstore.failover) for up to `failover_timeout_s`. () = `master` alone.
+    # `Client("a:1,b:2,c:3")` fills both: master = the first, masters = all.
+    masters: tuple[str, ...] = ()
+    failover_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +69,58 @@ class NullJournal:
 _NODE, _SEG, _OBJ = b"n/", b"s/", b"o/"
 
 
+# ---- records: one (key, JSON value) per node, segment and committed object --------
+# Shared by every journal (RocksDB here, etcd in kvstore.master.ha) and by MasterState.restore.
+
+
+def node_key(node_id: str) -> bytes:
+    return _NODE + node_id.encode()
+
+
+def segment_key(node_id: str, name: str) -> bytes:
+    return _SEG + _seg_key(node_id, name)
+
+
+def object_key(key: str) -> bytes:
+    return _OBJ + key.encode()
+
+
+def node_record(node: NodeInfo) -> bytes:
+    ep = node.endpoint
+    rec = {"id": node.node_id, "tcp": ep.tcp_address, "shm": ep.shm_host_id}
+    rec["rpc"] = ep.rpc_address
+    rec["nixl"] = base64.b64encode(ep.nixl_metadata).decode()
+    rec["fd"] = ep.shm_socket
+    return _dump(rec)
+
+
+def segment_record(seg: Segment) -> bytes:
+    rec = {"node": seg.node_id, "name": seg.name, "tier": int(seg.tier)}
+    rec.update(capacity=seg.capacity, alignment=seg.alignment, shm=seg.shm)
+    return _dump(rec)
+
+
+def object_record(obj: ObjectMeta) -> bytes:
+    reps = [[r.node_id, int(r.tier), r.segment, r.offset, r.length] for r in obj.replicas]
+    rec = {"key": obj.key, "size": obj.size, "group": obj.group, "replicas": reps}
+    if obj.checksum:
+        rec["checksum"] = obj.checksum
+    return _dump(rec)
+
+
+def snapshot_of(items: Iterable[tuple[bytes, bytes]]) -> Snapshot:
+    """A Snapshot of journal records given as (key, value) pairs, keys unprefixed."""
+    snap = Snapshot()
+    lists = {_NODE: snap.nodes, _SEG: snap.segments, _OBJ: snap.objects}
+    for key, value in items:
+        lists[bytes(key)[:2]].append(json.loads(bytes(value)))
+    return snap
+
+
+def _dump(rec: dict[str, Any]) -> bytes:
+    return json.dumps(rec, separators=(",", ":")).encode()
+
+
 class RocksJournal:
     """Metadata in RocksDB (rocksdict, raw mode, WAL on); JSON values, prefixed keys."""
 
@@ -77,47 +130,28 @@ class RocksJournal:
         self._db = Rdict(path, Options(raw_mode=True))
 
     def save_node(self, node: NodeInfo) -> None:
-        ep = node.endpoint
-        rec = {"id": node.node_id, "tcp": ep.tcp_address, "shm": ep.shm_host_id}
-        rec["rpc"] = ep.rpc_address
-        rec["nixl"] = base64.b64encode(ep.nixl_metadata).decode()
-        rec["fd"] = ep.shm_socket
-        self._put(_NODE + node.node_id.encode(), rec)
+        self._db[node_key(node.node_id)] = node_record(node)
 
     def drop_node(self, node_id: str) -> None:
-        self._db.delete(_NODE + node_id.encode())
+        self._db.delete(node_key(node_id))
 
     def save_segment(self, seg: Segment) -> None:
-        rec = {"node": seg.node_id, "name": seg.name, "tier": int(seg.tier)}
-        rec.update(capacity=seg.capacity, alignment=seg.alignment, shm=seg.shm)
-        self._put(_SEG + _seg_key(seg.node_id, seg.name), rec)
+        self._db[segment_key(seg.node_id, seg.name)] = segment_record(seg)
 
     def drop_segment(self, node_id: str, name: str) -> None:
-        self._db.delete(_SEG + _seg_key(node_id, name))
+        self._db.delete(segment_key(node_id, name))
 
     def save_object(self, obj: ObjectMeta) -> None:
-        reps = [[r.node_id, int(r.tier), r.segment, r.offset, r.length] for r in obj.replicas]
-        rec = {"key": obj.key, "size": obj.size, "group": obj.group, "replicas": reps}
-        if obj.checksum:
-            rec["checksum"] = obj.checksum
-        self._put(_OBJ + obj.key.encode(), rec)
+        self._db[object_key(obj.key)] = object_record(obj)
 
     def drop_object(self, key: str) -> None:
-        self._db.delete(_OBJ + key.encode())
+        self._db.delete(object_key(key))
 
     def load(self) -> Snapshot:
-        snap = Snapshot()
-        for key, value in self._db.items():
-            rec = json.loads(bytes(value))
-            prefix = bytes(key)[:2]
-            {_NODE: snap.nodes, _SEG: snap.segments, _OBJ: snap.objects}[prefix].append(rec)
-        return snap
+        return snapshot_of(self._db.items())
 
     def close(self) -> None:
         self._db.close()
-
-    def _put(self, key: bytes, rec: dict[str, Any]) -> None:
-        self._db[key] = json.dumps(rec, separators=(",", ":")).encode()
 
 
 def _seg_key(node_id: str, name: str) -> bytes:

@@ -4,6 +4,7 @@ background tick (node liveness, writer-death reclaim, watermark eviction).
     handle = await serve(MasterConfig(listen="127.0.0.1:0"))   # handle.address
     await handle.stop()
     run_master("127.0.0.1:50051")                                # blocking, for the CLI
+    run_master("127.0.0.1:50051", ha=HAConfig(("127.0.0.1:2379",), "pool-a"))   # HA on etcd
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import uuid
 from dataclasses import dataclass, replace
 
 from kvstore import edge
+from kvstore.errors import BadRequestError
 from kvstore.master.config import MasterConfig
+from kvstore.master.coord import HAConfig
 from kvstore.master.journal import MetaJournal, NullJournal, RocksJournal
 from kvstore.master.metadata import MasterState
 from kvstore.master.service import MasterServicer
@@ -101,11 +104,12 @@ async def _tick_forever(servicer: MasterServicer, interval_s: float) -> None:
 
 def run_master(
     listen: str, db_path: str | None = None, *, metrics_listen: str | None = None,
-    config: MasterConfig | None = None, **overrides: float,
+    config: MasterConfig | None = None, ha: HAConfig | None = None, **overrides: float,
 ) -> None:  # fmt: skip
     """Blocking entry point (for `kvstore master`): serve until SIGINT or SIGTERM (signal
     handlers need the main thread; elsewhere, until KeyboardInterrupt), then stop cleanly.
-    `config` (e.g. from a TOML file, see kvstore.config) replaces listen/db/overrides."""
+    `config` (e.g. from a TOML file, see kvstore.config) replaces listen/db/overrides.
+    `ha`: run as one master of an HA pool on etcd (kvstore.master.ha) instead."""
     if config is None:
         config = replace(MasterConfig(listen=listen, db_path=db_path), **overrides)
 
@@ -115,6 +119,9 @@ def run_master(
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
+        if ha is not None:
+            await _serve_ha(config, ha, metrics_listen, stop)
+            return
         handle = await serve(config, metrics_listen)
         metrics = f" metrics {handle.metrics_address}" if handle.metrics_address else ""
         print(
@@ -128,3 +135,26 @@ def run_master(
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+async def _serve_ha(
+    config: MasterConfig, ha: HAConfig, metrics_listen: str | None, stop: asyncio.Event
+) -> None:
+    """One master of an HA pool: a ready line, then one line per change of role."""
+    from kvstore.master.ha import HAMaster
+
+    def on_role(role: str, epoch: int) -> None:
+        print(f"kvstore master {master.address} is now {role} epoch {epoch}", flush=True)
+
+    if config.db_path:
+        raise BadRequestError("--db and --etcd exclude each other: HA keeps metadata in etcd")
+    master = HAMaster(config, ha, on_role=on_role)
+    await master.start(metrics_listen)
+    print(
+        f"kvstore master listening on {master.address} role follower cluster {ha.cluster_id} "
+        f"etcd {master.coord.endpoint}", flush=True,
+    )  # fmt: skip
+    try:
+        await stop.wait()
+    finally:
+        await master.stop()

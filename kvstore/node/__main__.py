@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from kvstore.errors import KVStoreError
+from kvstore.failover import split_masters
 from kvstore.node.config import NodeConfig, default_node_id
 from kvstore.node.node import run_node
 
@@ -16,7 +17,7 @@ MIB = 1 << 20
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvstore.node", description=__doc__)
-    p.add_argument("--master", required=True, help="host:port of the master")
+    p.add_argument("--master", required=True, help="host:port of the master (HA: h1:p1,h2:p2,...)")
     p.add_argument("--node-id", default=None, help="default: <hostname>-<pid>")
     p.add_argument("--host", default="127.0.0.1", help="TCP transfer listen address")
     p.add_argument("--port", type=int, default=0, help="TCP transfer port (0 = any free)")
@@ -39,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    masters = split_masters(args.master)  # HA: every master; the leader is found among them
     config = NodeConfig(
-        master=args.master,
+        master=masters[0],
+        masters=tuple(masters[1:]),
         node_id=args.node_id or default_node_id(),
         listen_host=args.host,
         tcp_port=args.port,

@@ -47,6 +47,9 @@ class NodeConfig:
     ssd_direct_io: bool = True  # O_DIRECT on the slab (buffered fallback where refused)
     hbm_bytes: int = 0  # device memory lent as an HBM segment
     hbm_device: str = "cuda"  # torch device of the HBM segment ("cpu" runs the same path)
+    # HA (kvstore.master.ha): every master of the pool, `master` among them; the node's
+    # calls follow the leader (kvstore.failover). () = `master` alone.
+    masters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)

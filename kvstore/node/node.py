@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from kvstore import failover
 from kvstore.edge import sync_channel
 from kvstore.errors import KVStoreError, TransferError
 from kvstore.node.config import NodeConfig
@@ -40,8 +41,13 @@ from kvstore.v1 import common_pb2, master_pb2
 log = logging.getLogger(__name__)
 
 
-def master_channel(master: str, credentials: object | None = None) -> grpc.Channel:
-    """A sync channel to the master: secure with `credentials`, else insecure."""
+def master_channel(
+    master: str, credentials: object | None = None, masters: tuple[str, ...] = ()
+) -> grpc.Channel:
+    """A sync channel to the master (secure with `credentials`, else insecure); with
+    `masters` (HA), one that follows the leader among them (kvstore.failover)."""
+    if masters:
+        return failover.sync_channel([master, *masters], credentials)
     return sync_channel(master, credentials)
 
 
@@ -144,7 +150,7 @@ class StorageNode:
 
     def _join(self) -> None:
         cfg = self.config
-        self._channel = master_channel(cfg.master, cfg.credentials)
+        self._channel = master_channel(cfg.master, cfg.credentials, cfg.masters)
         endpoint = common_pb2.NodeEndpoint(
             tcp_address=self.endpoint, shm_host_id=local_host_id(),
             nixl_metadata=self.nixl_metadata,

@@ -1,0 +1,450 @@
+"""Master HA: several master processes, one leader elected on etcd, metadata replicated.
+
+    ha = HAMaster(MasterConfig(listen="127.0.0.1:0"), HAConfig(("127.0.0.1:2379",), "pool-a"))
+    await ha.start()       # etcd reached (retried with backoff), cluster id checked, serving
+    ha.address, ha.role    # "follower" until it wins the leader key, then "leader"
+    await ha.stop()        # a leader resigns: its successor takes over within a poll
+
+Every master serves the Master gRPC service; only the leader runs it (`_LeaderOnly`):
+a follower, or a leader past its lease, answers UNAVAILABLE "not leader: leader is
+HOST:PORT" before doing anything (kvstore.errors.NotLeaderError; kvstore.failover
+follows it). The leader's MasterState journals into a `ReplicatedJournal`: records
+buffered in memory, written to etcd in batches (group commit) by one flusher, each txn
+fenced by the leader's epoch (kvstore.master.coord). A call is answered only once
+every record written up to its answer is durable in etcd, so what a client saw
+committed survives the leader's death; a new leader loads the records and restores
+MasterState from them (MasterState.restore), and nodes re-join it when they see the
+epoch change (kvstore.node.membership).
+
+Fencing: the leader renews its lease every ttl/4 and stops serving `margin` before the
+lease could have expired in etcd (measured from the send of the last renewal that
+etcd answered); a write that still reaches etcd under an old epoch is refused there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from kvstore import edge
+from kvstore.errors import KVStoreError, NotLeaderError, UnavailableError
+from kvstore.master.config import MasterConfig
+from kvstore.master.coord import Coordinator, DeposedError, EtcdCoordinator, HAConfig, LeaderInfo
+from kvstore.master.journal import (
+    Snapshot,
+    node_key,
+    node_record,
+    object_key,
+    object_record,
+    segment_key,
+    segment_record,
+    snapshot_of,
+)
+from kvstore.master.metadata import MasterState
+from kvstore.master.model import NodeInfo, ObjectMeta, Segment
+from kvstore.master.service import MasterServicer
+from kvstore.v1 import master_pb2_grpc
+
+log = logging.getLogger("kvstore.master")
+SERVICE_NAME = "kvstore.v1.Master"
+
+
+def not_leader(leader: str, why: str) -> str:
+    """The wire message of a refusal (kvstore.errors.NotLeaderError.parse reads it)."""
+    return f"{NotLeaderError.PREFIX}: leader is {leader or 'unknown'} ({why})"
+
+
+# ---- the journal ------------------------------------------------------------------
+
+
+class ReplicatedJournal:
+    """A MetaJournal whose records go to the coordinator in fenced batches.
+
+    Writes are O(1) in memory (the last record of a key wins); `run()` flushes what is
+    pending as one batch of txns, then the next; `sync()` waits until every record
+    written so far is durable. After a DeposedError (or `fail`) every waiter gets the
+    error: that leader is done.
+    """
+
+    def __init__(self, coord: Coordinator, epoch: int, snapshot: Snapshot, ha: HAConfig) -> None:
+        self._coord = coord
+        self.epoch = epoch
+        self._snapshot = snapshot
+        self._ha = ha
+        self._pending: dict[bytes, bytes | None] = {}
+        self.seq = 0  # records written
+        self.durable = 0  # records durable in the coordinator
+        self.batches = 0
+        self.failed: KVStoreError | None = None
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()
+
+    # -- MetaJournal --------------------------------------------------------------
+    def save_node(self, node: NodeInfo) -> None:
+        self._put(node_key(node.node_id), node_record(node))
+
+    def drop_node(self, node_id: str) -> None:
+        self._put(node_key(node_id), None)
+
+    def save_segment(self, seg: Segment) -> None:
+        self._put(segment_key(seg.node_id, seg.name), segment_record(seg))
+
+    def drop_segment(self, node_id: str, name: str) -> None:
+        self._put(segment_key(node_id, name), None)
+
+    def save_object(self, obj: ObjectMeta) -> None:
+        self._put(object_key(obj.key), object_record(obj))
+
+    def drop_object(self, key: str) -> None:
+        self._put(object_key(key), None)
+
+    def load(self) -> Snapshot:
+        return self._snapshot
+
+    def close(self) -> None:
+        self.fail(NotLeaderError(not_leader("", "journal closed")))
+
+    # -- group commit -------------------------------------------------------------
+    def _put(self, key: bytes, value: bytes | None) -> None:
+        self._pending[key] = value
+        self.seq += 1
+        self._wake.set()
+
+    def fail(self, exc: KVStoreError) -> None:
+        if self.failed is None:
+            self.failed = exc
+            self._notify()
+
+    def _notify(self) -> None:
+        done, self._flushed = self._flushed, asyncio.Event()
+        done.set()
+
+    async def sync(self, seq: int | None = None) -> None:
+        """Return once records up to `seq` (default: all so far) are durable."""
+        target = self.seq if seq is None else seq
+        while self.durable < target:
+            if self.failed is not None:
+                raise self.failed
+            await self._flushed.wait()
+
+    async def run(self) -> None:
+        """Flush batches until failed (a deposed epoch) or cancelled."""
+        pause, warned = 0.05, False
+        while self.failed is None:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch, self._pending = self._pending, {}
+            upto = self.seq
+            try:
+                await self._write(list(batch.items()))
+            except DeposedError as exc:
+                self.fail(exc)
+                return
+            except UnavailableError as exc:  # retry; the lease decides when to give up
+                if not warned:
+                    log.warning("event=journal_retry epoch=%d error=%s", self.epoch, exc)
+                warned = True
+                batch.update(self._pending)  # records written meanwhile are newer
+                self._pending = batch
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            pause, warned = 0.05, False
+            self.durable = upto
+            self.batches += 1
+            self._notify()
+
+    async def _write(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+        gate = asyncio.Semaphore(self._ha.txns_in_flight)
+
+        async def one(chunk: list[tuple[bytes, bytes | None]]) -> None:
+            async with gate:
+                await self._coord.commit(self.epoch, chunk)
+
+        chunks = chunked(ops, self._ha.max_txn_ops, self._ha.max_txn_bytes)
+        results = await asyncio.gather(*(one(c) for c in chunks), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for err in errors:  # a refusal wins over an outage: it is final
+            if isinstance(err, DeposedError):
+                raise err
+        if errors:
+            raise errors[0]
+
+
+def chunked(
+    ops: list[tuple[bytes, bytes | None]], max_ops: int, max_bytes: int
+) -> list[list[tuple[bytes, bytes | None]]]:
+    """`ops` in order, cut into txns of at most `max_ops` ops and about `max_bytes`."""
+    out: list[list[tuple[bytes, bytes | None]]] = [[]]
+    size = 0
+    for op in ops:
+        n = len(op[0]) + len(op[1] or b"") + 16
+        if out[-1] and (len(out[-1]) >= max_ops or size + n > max_bytes):
+            out.append([])
+            size = 0
+        out[-1].append(op)
+        size += n
+    return out if out[0] else []
+
+
+# ---- the gRPC face ----------------------------------------------------------------
+
+
+class _LeaderOnly:
+    """Stands in for MasterServicer at registration: every RPC name forwards to
+    `HAMaster.handle`, which runs it on the leader's servicer or refuses it."""
+
+    def __init__(self, ha: HAMaster) -> None:
+        self._ha = ha
+
+    def __getattr__(self, method: str) -> Callable[[Any, Any], Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        handle = self._ha.handle
+
+        async def forward(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await handle(method, request, context)
+
+        return forward
+
+
+# ---- the master -------------------------------------------------------------------
+
+
+class HAMaster:
+    """One master process of an HA pool: follower, candidate, leader, and back."""
+
+    def __init__(
+        self, config: MasterConfig, ha: HAConfig, coord: Coordinator | None = None,
+        on_role: Callable[[str, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.ha = ha
+        self.coord: Coordinator = coord or EtcdCoordinator(ha.etcd, ha.prefix, ha.rpc_timeout_s)
+        self.id = f"master-{uuid.uuid4().hex[:12]}"
+        self.on_role = on_role  # called with ("leader", epoch) / ("follower", 0)
+        self.margin = min(0.5, 0.15 * ha.lease_ttl_s)
+        self.address = ""
+        self.edge: edge.EdgeServer | None = None
+        self.leader_hint = ""  # the leader's address as last seen
+        self.epoch = 0
+        self.terms = 0  # times this process became leader
+        self.state: MasterState | None = None
+        self.servicer: MasterServicer | None = None
+        self.journal: ReplicatedJournal | None = None
+        self.valid_until = 0.0  # time.monotonic() until which the leader may answer
+        self._leader_tasks: list[asyncio.Task[Any]] = []
+        self._main: asyncio.Task[None] | None = None
+        self._warned = False
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.servicer is not None else "follower"
+
+    # -- start / stop -------------------------------------------------------------
+    async def start(self, metrics_listen: str | None = None) -> HAMaster:
+        await connect_with_backoff(self.coord, self.ha)
+        from kvstore.metrics import MasterCollector, on_loop
+
+        loop = asyncio.get_running_loop()
+        collector = MasterCollector(lambda: on_loop(loop, self._stats))
+        self.edge = await edge.start_server(
+            self.config.listen,
+            lambda s: master_pb2_grpc.add_MasterServicer_to_server(_LeaderOnly(self), s),
+            [SERVICE_NAME], metrics_listen=metrics_listen, collectors=[collector],
+            component="master", max_message_bytes=self.config.max_message_bytes,
+        )  # fmt: skip
+        self.address = self.ha.advertise or self.edge.address
+        self._main = asyncio.create_task(self._run())
+        log.info(
+            "event=master_started role=follower address=%s cluster=%s etcd=%s prefix=%s",
+            self.address, self.ha.cluster_id, self.coord.endpoint, self.ha.prefix,
+        )  # fmt: skip
+        return self
+
+    def _stats(self) -> tuple[Any, float]:
+        from kvstore.master import queries
+
+        if self.state is None:
+            raise NotLeaderError(not_leader(self.leader_hint, "no metrics on a follower"))
+        return queries.stats(self.state), self.state.clock()
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        """Stop serving; a leader resigns (revokes its lease) so a follower takes over."""
+        if self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main
+        if self.edge is not None:
+            await self.edge.stop(grace_s)
+        await self.coord.close()
+
+    # -- serving ------------------------------------------------------------------
+    def serving(self) -> MasterServicer | None:
+        """The servicer while this master leads and its lease holds, else None."""
+        if self.servicer is None or time.monotonic() >= self.valid_until:
+            return None
+        return self.servicer
+
+    def _refusal(self) -> str:
+        hint = "" if self.leader_hint == self.address else self.leader_hint
+        return not_leader(hint, f"{self.address} is a follower")
+
+    async def handle(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Run one Master RPC on the leader's servicer; answer once its effects are
+        durable; refuse it (having done nothing) on a follower."""
+        servicer, journal = self.serving(), self.journal
+        if servicer is None or journal is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._refusal())
+            raise AssertionError("unreachable")  # abort raises
+        reply = await getattr(servicer, method)(request, context)
+        if journal.durable < journal.seq:
+            try:
+                await journal.sync()
+            except KVStoreError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, not_leader("", str(exc)))
+        if self.serving() is not servicer:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._refusal())
+        return reply
+
+    # -- roles --------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                info = await self.coord.leader()
+                if info is None:
+                    await self._campaign()
+                else:
+                    await self._follow(info)
+                self._warned = False
+            except UnavailableError as exc:
+                if not self._warned:
+                    log.warning(
+                        "event=etcd_unreachable endpoint=%s error=%s", self.coord.endpoint, exc
+                    )
+                self._warned = True
+            await asyncio.sleep(self.ha.poll_s)
+
+    async def _follow(self, info: LeaderInfo) -> None:
+        if info.address != self.leader_hint:
+            log.info("event=leader_seen leader=%s epoch=%d", info.address, info.epoch)
+        self.leader_hint = info.address
+        if info.id == self.id:  # our own earlier term, its lease not yet expired
+            await self.coord.revoke(info.lease)
+
+    async def _campaign(self) -> None:
+        started = time.monotonic()
+        lease = await self.coord.grant(self.ha.lease_ttl_s)
+        epoch = await self.coord.campaign(lease, LeaderInfo.value(self.id, self.address))
+        if epoch is None:
+            await self.coord.revoke(lease)
+            return
+        self.valid_until = started + self.ha.lease_ttl_s - self.margin
+        reason = "stopped"
+        try:
+            reason = await self._lead(lease, epoch)
+        finally:
+            await self._step_down(lease, reason)
+
+    async def _lead(self, lease: int, epoch: int) -> str:
+        """Restore the pool's metadata, serve it; return why leadership ended."""
+        from kvstore.master.server import _tick_forever
+
+        t0 = time.monotonic()
+        journal = ReplicatedJournal(
+            self.coord, epoch, snapshot_of(await self.coord.load()), self.ha
+        )
+        state = MasterState(self.config, journal=journal)
+        restored = state.restore()
+        servicer = MasterServicer(state, str(epoch))
+        self.state, self.journal, self.epoch = state, journal, epoch
+        self._leader_tasks = [
+            asyncio.create_task(journal.run()),
+            asyncio.create_task(_tick_forever(servicer, self.config.tick_interval_s)),
+        ]
+        self.servicer = servicer  # from here on, calls are answered
+        self.leader_hint = self.address
+        self.terms += 1
+        log.warning(
+            "event=leader_elected epoch=%d address=%s restored_objects=%d restore_ms=%.0f",
+            epoch, self.address, restored, (time.monotonic() - t0) * 1000,
+        )  # fmt: skip
+        if self.on_role is not None:
+            self.on_role("leader", epoch)
+        return await self._keep_lease(lease, journal)
+
+    async def _keep_lease(self, lease: int, journal: ReplicatedJournal) -> str:
+        every = self.ha.lease_ttl_s / 4
+        while True:
+            if journal.failed is not None:
+                return f"journal refused: {journal.failed}"
+            sent = time.monotonic()
+            try:
+                left = await self.coord.keepalive(lease)
+            except UnavailableError as exc:
+                if time.monotonic() >= self.valid_until:
+                    return f"lease not renewed in time: {exc}"
+                left = -1
+            if left == 0:
+                return "lease expired in etcd"
+            if left > 0:
+                self.valid_until = max(self.valid_until, sent + left - self.margin)
+            if time.monotonic() >= self.valid_until:
+                return "lease not renewed in time"
+            await asyncio.sleep(max(0.0, min(every, self.valid_until - time.monotonic())))
+
+    async def _step_down(self, lease: int, reason: str) -> None:
+        was_leading = self.servicer is not None
+        self.servicer = None  # refuse first
+        self.valid_until = 0.0
+        if self.journal is not None:
+            self.journal.fail(NotLeaderError(not_leader("", f"leadership lost: {reason}")))
+        for task in self._leader_tasks:
+            task.cancel()
+        for task in self._leader_tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._leader_tasks = []
+        self.state = self.journal = None
+        self.leader_hint = ""
+        if was_leading:
+            log.warning("event=leader_stepped_down epoch=%d reason=%s", self.epoch, reason)
+            if self.on_role is not None:
+                self.on_role("follower", 0)
+        with contextlib.suppress(Exception):  # resign: a successor need not wait the TTL
+            await asyncio.wait_for(self.coord.revoke(lease), self.ha.rpc_timeout_s)
+
+
+async def connect_with_backoff(coord: Coordinator, ha: HAConfig) -> None:
+    """Reach the coordinator and claim the cluster id, retrying an outage with backoff
+    for `ha.connect_timeout_s`; then UnavailableError naming the endpoint. A cluster id
+    mismatch (ExistsError) is final."""
+    deadline = time.monotonic() + ha.connect_timeout_s
+    pause, tries = 0.2, 0
+    while True:
+        tries += 1
+        try:
+            await coord.connect()
+            await coord.claim_cluster(ha.cluster_id)
+            return
+        except UnavailableError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UnavailableError(
+                    f"{exc} (gave up after {tries} tries in {ha.connect_timeout_s:g} s)"
+                ) from None
+            log.warning(
+                "event=etcd_unreachable endpoint=%s retry_in=%.1fs error=%s",
+                coord.endpoint, min(pause, left), exc,
+            )  # fmt: skip
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 5.0)

@@ -1,0 +1,119 @@
+"""Two HA masters in this process on the in-memory coordinator, a real client between
+them: election, refusal by followers, failover of the client and its lent segment,
+metadata restored by the new leader, fencing of a leader cut off from etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from kvstore.client import Client
+from kvstore.errors import NotLeaderError
+from kvstore.master.config import MasterConfig
+from kvstore.master.coord import HAConfig, MemoryCoordinator, MemoryEtcd
+from kvstore.master.ha import HAMaster
+from kvstore.rpc_errors import raise_from_rpc_error
+from kvstore.v1 import master_pb2, master_pb2_grpc
+
+TTL = 1
+
+
+class LoopThread:
+    """An event loop in a thread: the masters live there, blocking clients here."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def masters() -> Iterator[tuple[LoopThread, list[HAMaster], MemoryEtcd]]:
+    lt = LoopThread()
+    store = MemoryEtcd(time.monotonic)
+    config = MasterConfig(
+        listen="127.0.0.1:0", node_ttl_s=3.0, heartbeat_interval_s=0.2, tick_interval_s=0.05
+    )
+    ha = HAConfig(etcd=("memory:1",), cluster_id="pool-a", lease_ttl_s=TTL, poll_s=0.05)
+
+    async def start() -> list[HAMaster]:
+        return [await HAMaster(config, ha, MemoryCoordinator(store)).start() for _ in range(2)]
+
+    ms = lt.call(start())
+    try:
+        yield lt, ms, store
+    finally:
+        for m in ms:
+            lt.call(m.stop())
+        lt.close()
+
+
+def wait_leader(ms: list[HAMaster], not_: HAMaster | None = None, timeout: float = 5.0) -> HAMaster:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders = [m for m in ms if m.role == "leader" and m is not not_]
+        if leaders:
+            assert len([m for m in ms if m.role == "leader"]) == 1
+            return leaders[0]
+        time.sleep(0.02)
+    raise TimeoutError("no leader")
+
+
+def stats_of(address: str) -> master_pb2.StatsResponse:
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return master_pb2_grpc.MasterStub(ch).Stats(master_pb2.StatsRequest(), timeout=5)
+        except grpc.RpcError as err:
+            raise_from_rpc_error(err)
+
+
+def test_follower_refuses_naming_the_leader(masters: Any) -> None:
+    _, ms, _ = masters
+    leader = wait_leader(ms)
+    follower = next(m for m in ms if m is not leader)
+    deadline = time.monotonic() + 2
+    while follower.leader_hint != leader.address and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(NotLeaderError) as info:
+        stats_of(follower.address)
+    assert info.value.leader == leader.address
+    assert stats_of(leader.address).master_epoch == str(leader.epoch)
+
+
+def test_failover_keeps_committed_objects_and_fences_the_old_leader(masters: Any) -> None:
+    _, ms, _ = masters
+    old = wait_leader(ms)
+    addresses = ",".join(m.address for m in ms)
+    with Client(addresses, segment_bytes=4 << 20, failover_timeout_s=10) as c:
+        for i in range(20):
+            c.put(f"k{i}", bytes([i]) * 1000)
+        old.coord.cut = True  # the leader alone loses etcd (a partition)
+        cut_at = time.monotonic()
+        while old.serving() is not None:
+            time.sleep(0.01)
+        # it stopped serving before its lease could have run out in etcd
+        assert time.monotonic() - cut_at < TTL
+        with pytest.raises(NotLeaderError):
+            stats_of(old.address)
+        new = wait_leader(ms, not_=old)
+        assert new.epoch > old.epoch
+        for i in range(20):  # restored metadata; the bytes never left the client's segment
+            assert c.get(f"k{i}") == bytes([i]) * 1000
+        c.put("after", b"x" * 100)
+        assert c.get("after") == b"x" * 100
+        assert int(stats_of(new.address).objects) == 21
+        assert old.role == "follower"
+        new.state.check_integrity()
