@@ -54,6 +54,8 @@ from kvstore.v1 import master_pb2_grpc
 
 log = logging.getLogger("kvstore.master")
 SERVICE_NAME = "kvstore.v1.Master"
+# Calls that show committed state: answered only once nothing they could show is pending.
+READS = frozenset({"BatchLookup", "MatchPrefix", "ListObjects", "Stats", "Inspect"})
 
 
 def not_leader(leader: str, why: str) -> str:
@@ -300,14 +302,17 @@ class HAMaster:
         return not_leader(hint, f"{self.address} is a follower")
 
     async def handle(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Run one Master RPC on the leader's servicer; answer once its effects are
-        durable; refuse it (having done nothing) on a follower."""
+        """Run one Master RPC on the leader's servicer; refuse it (having done nothing)
+        on a follower. A call that wrote records is answered once they are durable (and,
+        the flush being in order, all before them); a read (READS) waits for whatever
+        is pending, so it never shows a commit that a failover could still undo."""
         servicer, journal = self.serving(), self.journal
         if servicer is None or journal is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self._refusal())
             raise AssertionError("unreachable")  # abort raises
+        before = journal.seq
         reply = await getattr(servicer, method)(request, context)
-        if journal.durable < journal.seq:
+        if journal.seq > before or (method in READS and journal.durable < journal.seq):
             try:
                 await journal.sync()
             except KVStoreError as exc:

@@ -47,16 +47,22 @@ class HACluster(Cluster):
             args += ["--set", f"{name}={value}"]
         return args
 
-    def start_one_master(self) -> int:
-        log = open(self.workdir / f"master{len(self.master_procs)}.log", "ab")  # noqa: SIM115
+    def start_one_master(self, index: int | None = None) -> int:
+        """Start a master (or restart master `index` on its old address); its index."""
+        i = len(self.master_procs) if index is None else index
+        listen = "127.0.0.1:0" if index is None else self.master_addresses[index]
+        log = open(self.workdir / f"master{i}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
-            self.master_args(), stdout=subprocess.PIPE, stderr=log, env=child_env()
+            self.master_args(listen), stdout=subprocess.PIPE, stderr=log, env=child_env()
         )
         log.close()
         line = _read_line(proc, b"kvstore master listening on ", START_TIMEOUT_S)
-        self.master_procs.append(proc)
-        self.master_addresses.append(line.split()[4].decode())
-        return len(self.master_procs) - 1
+        if index is None:
+            self.master_procs.append(proc)
+            self.master_addresses.append(line.split()[4].decode())
+        else:
+            self.master_procs[index] = proc
+        return i
 
     def start_master(self) -> str:
         for _ in range(self.masters):
