@@ -91,13 +91,14 @@ def pool(dram_mib: int) -> Iterator[str]:
     try:
         assert master.stdout is not None
         address = master.stdout.readline().split()[4].decode()
-        node_cmd = [*kv, "node", "--master", address, "--dram-mib", str(dram_mib)]
-        node = subprocess.Popen(node_cmd, **quiet)  # type: ignore[call-overload]
-        procs.append(node)
-        assert node.stdout is not None
-        for line in node.stdout:
-            if line.startswith(b"kvstore node "):
-                break
+        if dram_mib:
+            node_cmd = [*kv, "node", "--master", address, "--dram-mib", str(dram_mib)]
+            node = subprocess.Popen(node_cmd, **quiet)  # type: ignore[call-overload]
+            procs.append(node)
+            assert node.stdout is not None
+            for line in node.stdout:
+                if line.startswith(b"kvstore node "):
+                    break
         yield address
     finally:
         for p in reversed(procs):
@@ -143,13 +144,13 @@ def run_phase(
 
 
 def measure(
-    address: str, size: int, ops: int, transport: str, profile: int
+    address: str, size: int, ops: int, transport: str, profile: int, own: int = 0
 ) -> list[dict[str, Any]]:
     stages = Stages()
     buf = np.random.default_rng(0).integers(0, 255, size * 2, dtype=np.uint8)
     out = np.empty(size, dtype=np.uint8)
     prefix = uuid.uuid4().hex[:8]
-    with Client(address, transport=transport) as c:
+    with Client(address, transport=transport, segment_bytes=own) as c:
         c.register_buffer(buf)
         c.register_buffer(out)
         instrument(c, stages)
@@ -171,17 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp"])
     p.add_argument("--cprofile", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--placement", choices=["remote", "own"], default="remote",
+        help="own: the client lends the segment the objects go to (no storage node)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     size = args.size_kib << 10
     dram_mib = max(256, size * (args.ops + 2) * 2 // MiB)
-    with pool(dram_mib) as address:
-        rows = measure(address, size, args.ops, args.transport, args.cprofile)
+    own = dram_mib << 20 if args.placement == "own" else 0
+    with pool(0 if own else dram_mib) as address:
+        rows = measure(address, size, args.ops, args.transport, args.cprofile, own)
     if args.json:
         print(json.dumps({"bench": "profile_ops", "size": size, "transport": args.transport,
-                          "rows": rows}))  # fmt: skip
+                          "placement": args.placement, "rows": rows}))  # fmt: skip
         return 0
-    print(f"{size >> 10} KiB objects, transport {args.transport}, {args.ops} ops per phase")
+    print(f"{size >> 10} KiB objects, transport {args.transport}, placement {args.placement}, "
+          f"{args.ops} ops per phase")  # fmt: skip
     for r in rows:
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r["stages_us"].items())
         print(f"{r['phase']}: {r['us_per_op']:.0f} us/op (p50 {r['p50_us']:.0f}, "

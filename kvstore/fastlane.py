@@ -42,7 +42,9 @@ from kvstore.rpc_errors import error_for_status, status_for
 from kvstore.v1 import master_pb2
 
 # The hot path: what a put and a get call. Ids are the index (append only: wire format).
-METHODS = ("PutStart", "PutEnd", "PutRevoke", "BatchLookup", "Stats")
+METHODS = (
+    "PutStart", "PutEnd", "PutRevoke", "BatchLookup", "Stats", "GrantExtent", "CommitExtent",
+)  # fmt: skip
 _ID = {name: i for i, name in enumerate(METHODS)}
 _REQUEST = [getattr(master_pb2, f"{m}Request") for m in METHODS]
 _REPLY = [getattr(master_pb2, f"{m}Response") for m in METHODS]
@@ -177,7 +179,12 @@ class FastLaneServer:
         name = METHODS[method]
         try:
             request = _REQUEST[method].FromString(payload)
-            reply = await getattr(self.servicer, name)(request, ctx)
+            behavior = getattr(self.servicer, name)
+            guard = getattr(self.servicer, "guard", None)  # kvstore.security: gRPC's limits
+            if guard is None:
+                reply = await behavior(request, ctx)
+            else:
+                reply = await guard.call(name, behavior, request, ctx)
             return 0, reply.SerializeToString(), name
         except _Abort as exc:
             return exc.code.value[0], str(exc).encode(), name

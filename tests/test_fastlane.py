@@ -49,7 +49,7 @@ class Counted:
 
 
 def test_hot_path_goes_over_the_lane(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Client(cluster.address, location_cache_entries=0) as c:  # every get looks up
+    with Client(cluster.address, location_cache_entries=0, extent_bytes=0) as c:
         counted = Counted(c, monkeypatch)
         c.put("a", b"x" * 1000)
         assert c.get("a") == b"x" * 1000
@@ -61,6 +61,15 @@ def test_hot_path_goes_over_the_lane(cluster: Cluster, monkeypatch: pytest.Monke
         assert counted.lane["PutStart"] == counted.lane["PutEnd"] == 6
         assert counted.lane["BatchLookup"] == 6
         assert cluster.stats().fast_lane
+
+
+def test_extent_puts_go_over_the_lane(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Client(cluster.address) as c:
+        counted = Counted(c, monkeypatch)
+        for i in range(10):
+            c.put(f"e{i}", bytes([i]) * 10_000)
+        assert counted.lane == Counter({"GrantExtent": 1, "CommitExtent": 10})
+        assert [c.get(f"e{i}") for i in range(10)] == [bytes([i]) * 10_000 for i in range(10)]
 
 
 def test_errors_come_back_typed(cluster: Cluster) -> None:
@@ -85,7 +94,7 @@ def test_restart_falls_back_then_finds_the_new_lane(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(fastlane, "RETRY_AFTER_S", 0.0)  # probe again at the next call
-    with Client(cluster.address, location_cache_entries=0) as c:  # every get looks up
+    with Client(cluster.address, location_cache_entries=0, extent_bytes=0) as c:
         counted = Counted(c, monkeypatch)
         c.put("before", b"b")
         old_lane = cluster.stats().fast_lane

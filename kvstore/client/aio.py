@@ -12,6 +12,7 @@ call blocks the loop. The channel is made on first use, inside the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,8 +27,9 @@ from kvstore.client.directory import SegmentDirectory
 from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_async
-from kvstore.client.writes import PutOptions
+from kvstore.client.writes import PutOptions, release_op
 from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.fastlane import AsyncRouter
 from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
 from kvstore.types import Tier
@@ -49,6 +51,9 @@ class AsyncClient:
         self._node: StorageNode | None = None
         self._start_lock = asyncio.Lock()
         self._closed = False
+        self._router = AsyncRouter(self.config.timeout_s, self._ctx.directory.update)
+        if not self.config.fast_lane or self.config.credentials is not None:
+            self._router.disable()
 
     async def start(self) -> AsyncClient:
         """Open the master channel; contribute the segment if configured."""
@@ -87,7 +92,13 @@ class AsyncClient:
         """Run one operation of kvstore.client.ops on this loop."""
         if self._stub is None or self._closed:
             await self.start()
-        return await run_async(op, self._call, self._io)
+        return await run_async(op, self._route, self._io)
+
+    async def _route(self, step: Rpc) -> Any:
+        return await self._router.call(step.method, step.request, self._grpc)
+
+    async def _grpc(self, method: str, request: object) -> Any:
+        return await self._call(Rpc(method, request))
 
     # -- writes ---------------------------------------------------------------
 
@@ -165,9 +176,13 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._stub is not None:
+            with contextlib.suppress(KVStoreError):  # its lease would end anyway
+                await run_async(release_op(self._ctx), self._route, self._io)
         if self._node is not None:
             await asyncio.to_thread(self._node.stop)
         await asyncio.to_thread(self._data.close)
+        self._router.close()
         if self._channel is not None:
             await self._channel.close()
 

@@ -12,6 +12,7 @@ otherwise, or as `transport=` forces). Thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -26,8 +27,9 @@ from kvstore.client.directory import SegmentDirectory
 from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_sync
-from kvstore.client.writes import PutOptions
+from kvstore.client.writes import PutOptions, release_op
 from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.fastlane import SyncRouter
 from kvstore.node.node import StorageNode
 from kvstore.rpc_errors import raise_from_rpc_error
 from kvstore.types import Tier
@@ -68,6 +70,10 @@ class Client:
             self.config.failover_timeout_s,
         )  # fmt: skip
         self._stub = master_pb2_grpc.MasterStub(self._channel)
+        # Hot-path calls over the master's fast lane when it has one (kvstore.fastlane).
+        self._router = SyncRouter(self.config.timeout_s, self._ctx.directory.update)
+        if not self.config.fast_lane or self.config.credentials is not None:
+            self._router.disable()
         self._node: StorageNode | None = None
         self._closed = False
         try:
@@ -94,7 +100,13 @@ class Client:
         """Run one operation of `ops`; `call` wraps `call_rpc` (fault injection, counting)."""
         if self._closed:
             raise BadRequestError("client is closed")
-        return run_sync(op, call or self.call_rpc)
+        return run_sync(op, call or self._route)
+
+    def _route(self, step: Rpc) -> Any:
+        return self._router.call(step.method, step.request, self._grpc)
+
+    def _grpc(self, method: str, request: object) -> Any:
+        return self.call_rpc(Rpc(method, request))
 
     @property
     def ops(self) -> ClientOps:
@@ -190,9 +202,12 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(KVStoreError):  # its lease would end anyway
+            run_sync(release_op(self._ctx), self._route)
         if self._node is not None:
             self._node.stop()
         self._data.close()
+        self._router.close()
         self._channel.close()
 
     def __enter__(self) -> Client:

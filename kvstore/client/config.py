@@ -43,9 +43,32 @@ class ClientConfig:
     # `Client("a:1,b:2,c:3")` fills both: master = the first, masters = all.
     masters: tuple[str, ...] = ()
     failover_timeout_s: float = 15.0
+    # The master's hot-path calls over its fast lane (kvstore.fastlane) when it offers
+    # one; never with `credentials` (the lane is plaintext).
+    fast_lane: bool = True
+    # Where recently looked-up or written keys are (kvstore.client.locations): a get of
+    # one reads it with no master call, checked against its checksum. 0 entries = off.
+    location_cache_entries: int = 16384
+    location_cache_ttl_s: float = 2.0
+    # Puts of objects up to `extent_max_object` bytes go into an extent of up to
+    # `extent_bytes` the master leases to this client (kvstore.client.extents): one
+    # master round trip per put instead of two. 0 = off.
+    extent_bytes: int = 32 << 20
+    extent_max_object: int = 4 << 20
+
+    # This client's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*):
+    # mTLS files or a token file. It fills `credentials`, and client_id and tenant when
+    # they are left unset (the master checks both against the credential).
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    token_file: str = ""
 
     def __post_init__(self) -> None:
         parse_endpoint(self.master)
+        from kvstore.security.process import resolve
+
+        resolve(self, "client_id", "tenant")
         if self.client_id is None:  # frozen: fill the default once, at construction
             object.__setattr__(self, "client_id", f"client-{uuid.uuid4().hex[:12]}")
         if not isinstance(self.client_id, str) or not 0 < len(self.client_id) <= 256:
@@ -62,6 +85,12 @@ class ClientConfig:
             raise BadRequestError(f"replicas must be in [1, 16], got {self.replicas}")
         if self.timeout_s <= 0 or self.lease_ttl_s <= 0:
             raise BadRequestError("timeout_s and lease_ttl_s must be > 0")
+        if self.extent_bytes < 0 or self.extent_max_object < 0:
+            raise BadRequestError("extent_bytes and extent_max_object must be >= 0")
+        if self.location_cache_entries < 0 or self.location_cache_ttl_s <= 0:
+            raise BadRequestError(
+                "location_cache_entries must be >= 0 and location_cache_ttl_s > 0"
+            )
 
     @property
     def id(self) -> str:

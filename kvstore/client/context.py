@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kvstore.client.config import ClientConfig
 from kvstore.client.datapath import DataPath
 from kvstore.client.directory import SegmentDirectory
+from kvstore.client.extents import ExtentHolder
 from kvstore.client.locations import LocationCache
 from kvstore.client.steps import Op, Rpc
 from kvstore.transfer.base import SegmentDescriptor
@@ -24,11 +25,13 @@ class OpContext:
     data: DataPath
     node_id: str = ""  # the node id of our contributed segment, "" if none
     locations: LocationCache = field(init=False)  # needs checksums: they validate its reads
+    extents: ExtentHolder = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
         entries = cfg.location_cache_entries if cfg.checksums else 0
         self.locations = LocationCache(entries, cfg.location_cache_ttl_s)
+        self.extents = ExtentHolder(cfg.extent_bytes, cfg.extent_max_object, cfg.timeout_s)
 
 
 def resolve(

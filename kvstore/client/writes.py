@@ -1,4 +1,5 @@
-"""The write path: PutStart -> one-sided WRITE of every replica -> PutEnd.
+"""The write path: PutStart -> one-sided WRITE of every replica -> PutEnd, or, for
+puts that fit this client's extent lease, WRITE -> CommitExtent (kvstore.client.extents).
 
 One PutStart, one transfer batch, one PutEnd (and one PutRevoke for the keys whose
 writes failed) per call, whatever the number of keys. A key is visible only after
@@ -10,6 +11,7 @@ so the master's timeout reclaims it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,9 +19,10 @@ import xxhash
 
 from kvstore.client.context import OpContext, moved, resolve
 from kvstore.client.datapath import BatchResult, Transfer
+from kvstore.client.extents import eligible
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location
-from kvstore.errors import KVStoreError, TransferError
+from kvstore.errors import KVStoreError, NotFoundError, TransferError
 from kvstore.rpc_errors import error_for
 from kvstore.transfer.base import TransferOp
 from kvstore.types import Location, Tier
@@ -58,7 +61,28 @@ def _start_request(
 def put_op(
     ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions
 ) -> Op[list[KVStoreError | None]]:
-    """Write `views[i]` under wire key `keys[i]`; a result per key (None = committed)."""
+    """Write `views[i]` under wire key `keys[i]`; a result per key (None = committed).
+    Inside this client's extent when the batch qualifies (one round trip), else (and for
+    what failed there) by PutStart / PutEnd."""
+    replicas = opts.replicas or ctx.config.replicas
+    if not eligible(ctx.extents, views, replicas, opts.tier, opts.pin_ttl_s):
+        return (yield from _started_put_op(ctx, keys, views, opts))
+    results: list[KVStoreError | None] = [None] * len(keys)
+    group = ctx.config.wire_key(opts.group) if opts.group else ""
+    todo = yield from extent_put_op(ctx, keys, views, group, results)
+    if todo:
+        rest = yield from _started_put_op(
+            ctx, [keys[i] for i in todo], [views[i] for i in todo], opts
+        )
+        for i, res in zip(todo, rest, strict=True):
+            results[i] = res
+    return results
+
+
+def _started_put_op(
+    ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions
+) -> Op[list[KVStoreError | None]]:
+    """PutStart, WRITE every replica, PutEnd; a result per key."""
     results: list[KVStoreError | None] = [None] * len(keys)
     reply = yield Rpc("PutStart", _start_request(ctx, keys, views, opts))
     started: dict[int, list[Location]] = {}
@@ -122,6 +146,94 @@ def _write(
         if err is not None and results[i] is None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
     return batch.settled
+
+
+def extent_put_op(
+    ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], group: str,
+    results: list[KVStoreError | None],
+) -> Op[list[int]]:  # fmt: skip
+    """Put every key into this client's extent (kvstore.client.extents); the indices
+    left for PutStart."""
+    holder = ctx.extents
+    sizes = [v.nbytes for v in views]
+    taken = holder.take(sizes)
+    if taken is None:
+        try:
+            yield from _grant(ctx, sum(sizes) + len(sizes) * 256)  # + alignment slack
+        except KVStoreError:
+            holder.fallbacks += len(keys)
+            return list(range(len(keys)))
+        taken = holder.take(sizes)
+        if taken is None:
+            holder.fallbacks += len(keys)
+            return list(range(len(keys)))
+    extent_id, locs = taken
+    descs = yield from resolve(ctx, locs)
+    if any(d is None for d in descs):
+        holder.abandon(extent_id)
+        holder.fallbacks += len(keys)
+        return list(range(len(keys)))
+    transfers = [
+        Transfer(d, loc.offset, v)  # type: ignore[arg-type]
+        for d, loc, v in zip(descs, locs, views, strict=True)
+    ]
+    batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
+    if not batch.settled or any(batch.errors):
+        holder.abandon(extent_id)  # a write may still land: let the lease run out
+    ok = [i for i, err in enumerate(batch.errors) if err is None]
+    retry = [i for i, err in enumerate(batch.errors) if err is not None]
+    if not ok:
+        holder.fallbacks += len(retry)
+        return retry
+    items = [
+        master_pb2.CommitItem(
+            key=keys[i],
+            offset=locs[i].offset,
+            size=sizes[i],
+            group=group,
+            checksum=checksum_of(views[i]) if ctx.config.checksums else 0,
+        )
+        for i in ok
+    ]
+    request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
+                                             items=items)  # fmt: skip
+    sent = time.monotonic()
+    try:
+        reply = yield Rpc("CommitExtent", request)
+    except NotFoundError:  # the lease ended on the master: nothing was committed
+        holder.abandon(extent_id)
+        holder.fallbacks += len(keys)
+        return sorted(ok + retry)
+    holder.renewed(extent_id, reply.ttl_ms, sent)
+    for i, status in zip(ok, reply.results, strict=True):
+        results[i] = error_for(status.code, status.message)
+    holder.fallbacks += len(retry)
+    return retry
+
+
+def _grant(ctx: OpContext, need: int) -> Op[None]:
+    holder = ctx.extents
+    request = master_pb2.GrantExtentRequest(
+        client_id=ctx.config.id, client_node=ctx.node_id, size=max(holder.extent_bytes, need),
+        min_size=need, release_extent=holder.current(),
+    )  # fmt: skip
+    holder.detach()
+    sent = time.monotonic()
+    reply = yield Rpc("GrantExtent", request)
+    holder.install(reply, sent)
+
+
+def release_op(ctx: OpContext) -> Op[None]:
+    """Give the current extent back (at close; best effort: its lease ends anyway)."""
+    extent_id = ctx.extents.detach()
+    if not extent_id:
+        return
+    request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
+                                             release=True)  # fmt: skip
+    try:
+        yield Rpc("CommitExtent", request)
+    except KVStoreError:
+        return
 
 
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:

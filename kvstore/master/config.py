@@ -42,6 +42,9 @@ class MasterConfig:
     max_moves_in_flight: int = 256
     persist_timeout_s: float = 10.0  # PutEnd waits this long for SSD replicas to be indexed
     rebalance_scan: int = 512  # LRU groups examined per segment per rebalance pass
+    fast_lane: bool = True  # serve the hot-path calls on a framed TCP port too (kvstore.fastlane)
+    extent_ttl_s: float = 30.0  # lease of a client's extent (kvstore.master.extents)
+    max_extent_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         positive = {

@@ -36,9 +36,21 @@ _NAMED = {
     "low_watermark": "low_watermark",
 }
 _DEFAULTS = MasterConfig()
+
+
 # Numeric fields settable with --set (listen and db_path have their own flags).
+def flag(value: str) -> bool:
+    """A boolean --set value (bool("false") would be True)."""
+    low = value.strip().lower()
+    if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(value)
+    return low in ("1", "true", "yes", "on")
+
+
 SETTABLE = {
-    f.name: type(getattr(_DEFAULTS, f.name))
+    f.name: flag
+    if isinstance(getattr(_DEFAULTS, f.name), bool)
+    else type(getattr(_DEFAULTS, f.name))
     for f in fields(MasterConfig)
     if isinstance(getattr(_DEFAULTS, f.name), int | float)
 }
@@ -115,8 +127,6 @@ def run_from_args(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
         return next((code for cls, code in _EXIT if isinstance(exc, cls)), 1)
     return 0
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

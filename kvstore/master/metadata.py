@@ -9,6 +9,7 @@ return one result per key: a value, or a `KVStoreError` instance for that key.
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from kvstore.errors import (
 from kvstore.master import leases
 from kvstore.master.config import MasterConfig
 from kvstore.master.eviction import GroupIndex, evictable_groups
+from kvstore.master.extents import CommitItem, Extent, Extents
 from kvstore.master.journal import MetaJournal, NullJournal
 from kvstore.master.liveness import AllocatorFactory, NodeRegistry, default_allocator
 from kvstore.master.model import (
@@ -36,7 +38,7 @@ from kvstore.master.model import (
 )
 from kvstore.master.placement import place
 from kvstore.master.tiering import MoveResult, Tiering, same_replica
-from kvstore.types import Location, Tier
+from kvstore.types import Location, Tier, check_key
 
 Clock = Callable[[], float]
 KeyError_ = KVStoreError | None
@@ -61,6 +63,7 @@ class MasterState:
         self.counters = Counters()
         self.journal: MetaJournal = journal or NullJournal()
         self.tiering = Tiering(self)
+        self.extents = Extents(self._segment_or_none, config.extent_ttl_s)
 
     # ---- nodes and segments -------------------------------------------------
 
@@ -92,6 +95,7 @@ class MasterState:
         """Unmount; drop every replica in it. Returns (dropped replicas, removed objects)."""
         self.registry.segment(node_id, name)
         self.tiering.on_unmount(node_id, name)
+        self.extents.on_unmount(node_id, name)
         seg = self.registry.unmount(node_id, name)
         self.tiering.segments_changed()
         self.journal.drop_segment(node_id, name)
@@ -219,6 +223,75 @@ class MasterState:
         self.journal.save_object(obj)
         return obj
 
+    # ---- extent leases (kvstore.master.extents) -----------------------------
+
+    def grant_extent(
+        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0
+    ) -> Extent:
+        """Lease `client_id` a range of a DRAM segment of `min_size`..`size` bytes (never
+        more than a 16th of the biggest one), placed like a put; `release` first."""
+        now = self.clock()
+        if release:
+            with contextlib.suppress(NotFoundError):
+                self.extents.release(self.extents.owned(client_id, release, now))
+        if not 0 < min_size <= size <= self.config.max_extent_bytes:
+            raise BadRequestError(
+                f"extent of {min_size}..{size} bytes: need 0 < min <= size <= "
+                f"{self.config.max_extent_bytes}"
+            )
+        dram = [s for s in self.registry.live_segments() if s.tier == Tier.DRAM]
+        want = max(min_size, min(size, max((s.capacity for s in dram), default=0) // 16))
+        key = f"extent/{client_id}"
+        locs = place(dram, PutItem(key, want, tier=Tier.DRAM), client_node)
+        if locs is None:
+            locs = self._place_or_evict(PutItem(key, min_size, tier=Tier.DRAM), client_node)
+        if locs is None:
+            raise NoSpaceError(f"no DRAM segment has {min_size} free bytes for an extent")
+        ext = self.extents.add(client_id, locs[0], now)
+        self.evict_to_watermark()
+        return ext
+
+    def commit_extent(
+        self, client_id: str, extent_id: int, items: Sequence[CommitItem], release: bool = False
+    ) -> list[KeyError_]:
+        """Make objects written inside the client's extent visible (NotFoundError for the
+        whole call once its lease ended); a result per item. Renews the lease."""
+        now = self.clock()
+        ext = self.extents.owned(client_id, extent_id, now)
+        results = [self._commit_placed(client_id, ext, item, now) for item in items]
+        self.extents.renew(ext, now)
+        if release:
+            self.extents.release(ext)
+        return results
+
+    def _commit_placed(
+        self, client_id: str, ext: Extent, item: CommitItem, now: float
+    ) -> KeyError_:
+        try:
+            check_key(item.key)
+        except BadRequestError as exc:
+            return exc
+        old = self.objects.get(item.key)
+        if old is not None and not self._stale_write(old, now):
+            what = "being written" if old.state is ObjectState.WRITING else "committed"
+            return ExistsError(f"key {item.key!r} is already {what}")
+        loc = self.extents.carve(ext, item)
+        if isinstance(loc, KVStoreError):
+            return loc
+        if old is not None:
+            self._reclaim(old)
+        group = item.group or item.key
+        obj = ObjectMeta(item.key, item.size, group, ObjectState.WRITING, [loc], client_id, now)
+        self.objects[item.key] = obj
+        self.writing[item.key] = now
+        self.groups.add(group, item.key)
+        self.registry.segment(loc.node_id, loc.segment).keys.add(item.key)
+        res = self._end_one(client_id, item.key, now, item.checksum)
+        return None if isinstance(res, ObjectMeta) else res
+
+    def _segment_or_none(self, node_id: str, name: str) -> Segment | None:
+        return self.registry.segments.get((node_id, name))
+
     def put_revoke(self, client_id: str, keys: Sequence[str]) -> list[KeyError_]:
         """Abort puts in progress and free their space."""
         return [self._revoke_one(client_id, key) for key in keys]
@@ -299,6 +372,7 @@ class MasterState:
         """Periodic duties: (dead nodes dropped, stale puts reclaimed, objects evicted)."""
         dead = self.expire_nodes()
         reclaimed = self.reclaim_stale_puts()
+        self.extents.expire(self.clock())
         self.tiering.drop_deferred()
         evicted = self.evict_to_watermark()
         return dead, reclaimed, evicted
@@ -462,6 +536,9 @@ class MasterState:
         for obj in self.objects.values():
             for loc in obj.replicas:
                 held[(loc.node_id, loc.segment)] += seg_size(self.registry, loc)
+        for node_id, name, offset, length in self.extents.pieces():
+            assert self.registry.segments[(node_id, name)].allocator.size_of(offset) == length
+            held[(node_id, name)] += length
         for loc in self.tiering.reserved():
             key = (loc.node_id, loc.segment)
             if key in held:

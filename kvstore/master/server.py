@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from kvstore import edge
 from kvstore.errors import BadRequestError
+from kvstore.fastlane import FastLaneServer
 from kvstore.master.config import MasterConfig
 from kvstore.master.coord import HAConfig
 from kvstore.master.journal import MetaJournal, NullJournal, RocksJournal
@@ -39,6 +40,7 @@ class MasterHandle:
     edge: edge.EdgeServer
     ticker: asyncio.Task[None]
     journal: MetaJournal
+    lane: FastLaneServer | None = None
 
     @property
     def metrics_address(self) -> str:
@@ -48,6 +50,8 @@ class MasterHandle:
         self.ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.ticker
+        if self.lane is not None:
+            await self.lane.stop()
         await self.edge.stop(grace_s)
         self.journal.close()
 
@@ -79,12 +83,25 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
     except BaseException:
         journal.close()
         raise
+    lane = await _start_fast_lane(config, servicer, server.address)
     ticker = asyncio.create_task(_tick_forever(servicer, config.tick_interval_s))
     log.info(
         "event=master_started epoch=%s address=%s restored_objects=%d metrics=%s",
         epoch, server.address, restored, server.metrics_address or "-",
     )  # fmt: skip
-    return MasterHandle(server.address, epoch, state, server, ticker, journal)
+    return MasterHandle(server.address, epoch, state, server, ticker, journal, lane)
+
+
+async def _start_fast_lane(
+    config: MasterConfig, servicer: MasterServicer, address: str
+) -> FastLaneServer | None:
+    """The hot-path calls on a framed TCP port beside gRPC (kvstore.fastlane); plaintext,
+    so only where the gRPC port is plaintext too."""
+    if not config.fast_lane:
+        return None
+    lane = await FastLaneServer.start(servicer, edge.split_address(address)[0])
+    servicer.fast_lane = lane.address
+    return lane
 
 
 async def _tick_forever(servicer: MasterServicer, interval_s: float) -> None:

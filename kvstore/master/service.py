@@ -18,11 +18,12 @@ from kvstore.master import leases, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
 from kvstore.master.broker import MoveBroker
+from kvstore.master.extents import CommitItem
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
 from kvstore.master.tiering import Move, MoveResult
 from kvstore.rpc_errors import error_for, translate
-from kvstore.types import ObjectKey, Tier
+from kvstore.types import Location, ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 Ctx = grpc.aio.ServicerContext
@@ -39,6 +40,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self.locations = wire.LocationEncoder()
         self.readers = ReaderBook()  # who holds each live read lease (own-lease removes)
         self.broker = MoveBroker(state)  # tier moves handed to the nodes, paced
+        self.fast_lane = ""  # HOST:PORT of kvstore.fastlane serving this servicer, if any
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -193,6 +195,37 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             res = self.state.remove(request.keys, request.force)
         return master_pb2.RemoveResponse.FromString(wire.statuses_payload(res))
 
+    @translate
+    async def GrantExtent(
+        self, request: master_pb2.GrantExtentRequest, context: Ctx
+    ) -> master_pb2.GrantExtentResponse:
+        if not request.client_id:
+            raise BadRequestError("client_id must not be empty")
+        ext = self.state.grant_extent(
+            request.client_id, request.client_node, request.size, request.min_size,
+            request.release_extent,
+        )  # fmt: skip
+        seg = self.state.registry.segment(ext.node_id, ext.segment)
+        loc = to_pb_location(Location(ext.node_id, seg.tier, ext.segment, ext.start, ext.size))
+        self.broker.wake()  # the grant may have pushed a tier past its watermark
+        return master_pb2.GrantExtentResponse(
+            extent_id=ext.extent_id, location=loc, alignment=seg.alignment,
+            ttl_ms=int(self.state.config.extent_ttl_s * 1000),
+        )  # fmt: skip
+
+    @translate
+    async def CommitExtent(
+        self, request: master_pb2.CommitExtentRequest, context: Ctx
+    ) -> master_pb2.CommitExtentResponse:
+        self._check_batch(len(request.items))
+        items = [
+            CommitItem(it.key, it.offset, it.size, it.checksum, it.group) for it in request.items
+        ]
+        res = self.state.commit_extent(request.client_id, request.extent_id, items, request.release)
+        reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
+        reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
+        return reply
+
     def _record_readers(
         self, keys: Sequence[str], found: Sequence[object], reader: str, ttl: float
     ) -> None:
@@ -206,7 +239,9 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     async def Stats(
         self, request: master_pb2.StatsRequest, context: Ctx
     ) -> master_pb2.StatsResponse:
-        return stats_to_pb(self.state, self.epoch)
+        reply = stats_to_pb(self.state, self.epoch)
+        reply.fast_lane = self.fast_lane
+        return reply
 
     @translate
     async def ListObjects(

@@ -301,7 +301,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., ms_since_heartbeat: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete", "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "moves_in_flight", "adopted", "failed_moves")
+    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete", "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "moves_in_flight", "adopted", "failed_moves", "fast_lane")
     NODES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +323,7 @@ class StatsResponse(_message.Message):
     MOVES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ADOPTED_FIELD_NUMBER: _ClassVar[int]
     FAILED_MOVES_FIELD_NUMBER: _ClassVar[int]
+    FAST_LANE_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
     objects: int
@@ -344,7 +345,8 @@ class StatsResponse(_message.Message):
     moves_in_flight: int
     adopted: int
     failed_moves: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ..., offloads: _Optional[int] = ..., promotions: _Optional[int] = ..., promotions_skipped: _Optional[int] = ..., corrupt_replicas: _Optional[int] = ..., moves_in_flight: _Optional[int] = ..., adopted: _Optional[int] = ..., failed_moves: _Optional[int] = ...) -> None: ...
+    fast_lane: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ..., offloads: _Optional[int] = ..., promotions: _Optional[int] = ..., promotions_skipped: _Optional[int] = ..., corrupt_replicas: _Optional[int] = ..., moves_in_flight: _Optional[int] = ..., adopted: _Optional[int] = ..., failed_moves: _Optional[int] = ..., fast_lane: _Optional[str] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "prefix")
@@ -575,3 +577,63 @@ class CordonResponse(_message.Message):
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     cordoned: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, cordoned: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GrantExtentRequest(_message.Message):
+    __slots__ = ("client_id", "client_node", "size", "min_size", "release_extent")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NODE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_EXTENT_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    client_node: str
+    size: int
+    min_size: int
+    release_extent: int
+    def __init__(self, client_id: _Optional[str] = ..., client_node: _Optional[str] = ..., size: _Optional[int] = ..., min_size: _Optional[int] = ..., release_extent: _Optional[int] = ...) -> None: ...
+
+class GrantExtentResponse(_message.Message):
+    __slots__ = ("extent_id", "location", "alignment", "ttl_ms")
+    EXTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    extent_id: int
+    location: _common_pb2.Location
+    alignment: int
+    ttl_ms: int
+    def __init__(self, extent_id: _Optional[int] = ..., location: _Optional[_Union[_common_pb2.Location, _Mapping]] = ..., alignment: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class CommitItem(_message.Message):
+    __slots__ = ("key", "offset", "size", "checksum", "group")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    offset: int
+    size: int
+    checksum: int
+    group: str
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
+
+class CommitExtentRequest(_message.Message):
+    __slots__ = ("client_id", "extent_id", "items", "release")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    extent_id: int
+    items: _containers.RepeatedCompositeFieldContainer[CommitItem]
+    release: bool
+    def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ...) -> None: ...
+
+class CommitExtentResponse(_message.Message):
+    __slots__ = ("results", "ttl_ms")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    ttl_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...

@@ -134,6 +134,16 @@ class MasterStub(object):
                 request_serializer=kvstore_dot_v1_dot_master__pb2.CordonRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.CordonResponse.FromString,
                 _registered_method=True)
+        self.GrantExtent = channel.unary_unary(
+                '/kvstore.v1.Master/GrantExtent',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.GrantExtentRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.GrantExtentResponse.FromString,
+                _registered_method=True)
+        self.CommitExtent = channel.unary_unary(
+                '/kvstore.v1.Master/CommitExtent',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer(object):
@@ -268,6 +278,20 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantExtent(self, request, context):
+        """Extent leases (kvstore.master.extents): a client places small puts inside a range
+        the master granted it, and commits them with one call each batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitExtent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +394,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Cordon,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.CordonRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.CordonResponse.SerializeToString,
+            ),
+            'GrantExtent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantExtent,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.GrantExtentRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.GrantExtentResponse.SerializeToString,
+            ),
+            'CommitExtent': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitExtent,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +946,60 @@ class Master(object):
             '/kvstore.v1.Master/Cordon',
             kvstore_dot_v1_dot_master__pb2.CordonRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantExtent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/GrantExtent',
+            kvstore_dot_v1_dot_master__pb2.GrantExtentRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.GrantExtentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitExtent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/CommitExtent',
+            kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,161 @@
+"""Extent leases: a client places its small puts inside a range the master granted it,
+so a put costs one master round trip (the commit) instead of two (PutStart + PutEnd).
+
+    grant  -> the master allocates one range in a memory segment for the client
+              (placed like a put: the client's own node first) and leases it for
+              `extent_ttl_s`;
+    write  -> the client bump-allocates objects inside it and writes their bytes
+              (one-sided, as for any put), with no master call;
+    commit -> one call makes a batch of them visible: each becomes an ordinary
+              COMPLETE object with its own allocation, carved out of the extent;
+              the lease is renewed;
+    end    -> released by the client, or its lease expires: the rest of the range
+              (everything not committed) is freed. Nothing uncommitted is ever
+              visible, so a client killed mid-write loses only its own space.
+
+In the allocator an extent is a set of *pieces* (allocations): a commit of
+[offset, offset+size) frees the piece holding it and claims back the part before,
+the object and the part after, so every object is an allocation of its own (eviction,
+removal and tier moves treat it like any other) and `check_integrity` holds:
+objects + extents + reserved moves == allocator usage. A commit after the lease
+ended fails (NotFoundError): the client falls back to PutStart, nothing was placed
+twice. The core is synchronous, with the master's clock; no grpc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
+from kvstore.master.model import Segment
+from kvstore.types import Location
+
+
+@dataclass(frozen=True, slots=True)
+class CommitItem:
+    key: str
+    offset: int
+    size: int
+    checksum: int = 0
+    group: str = ""
+
+
+@dataclass(slots=True)
+class Extent:
+    """A leased range of one segment: its still-uncommitted pieces (offset -> size)."""
+
+    extent_id: int
+    client_id: str
+    node_id: str
+    segment: str
+    start: int
+    size: int
+    expires: float
+    pieces: dict[int, int] = field(default_factory=dict)
+
+    def piece_holding(self, offset: int, size: int) -> int | None:
+        """The start of the piece holding [offset, offset + size), or None."""
+        for start, length in self.pieces.items():
+            if start <= offset and offset + size <= start + length:
+                return start
+        return None
+
+
+class Extents:
+    """Every live extent of a pool, with the segment lookups it needs."""
+
+    def __init__(self, segment_of: Callable[[str, str], Segment | None], ttl_s: float) -> None:
+        self._segment_of = segment_of
+        self.ttl_s = ttl_s
+        self.live: dict[int, Extent] = {}
+        self._next_id = 1
+        self.granted = 0
+        self.expired = 0
+
+    def add(self, client_id: str, loc: Location, now: float) -> Extent:
+        """Record a range just allocated at `loc` as a new extent of `client_id`."""
+        ext = Extent(
+            self._next_id, client_id, loc.node_id, loc.segment, loc.offset, loc.length,
+            now + self.ttl_s, {loc.offset: self._held(loc)},
+        )  # fmt: skip
+        self._next_id += 1
+        self.live[ext.extent_id] = ext
+        self.granted += 1
+        return ext
+
+    def _held(self, loc: Location) -> int:
+        """Bytes the allocator holds for the range at `loc` (its length, aligned up)."""
+        seg = self._segment_of(loc.node_id, loc.segment)
+        assert seg is not None
+        return seg.allocator.size_of(loc.offset)
+
+    def owned(self, client_id: str, extent_id: int, now: float) -> Extent:
+        """The live extent `extent_id` of `client_id` (NotFoundError once it ended)."""
+        ext = self.live.get(extent_id)
+        if ext is None or ext.client_id != client_id or ext.expires <= now:
+            raise NotFoundError(f"extent {extent_id} is not leased to {client_id!r} (expired?)")
+        return ext
+
+    def carve(self, ext: Extent, item: CommitItem) -> Location | KVStoreError:
+        """Turn [item.offset, +item.size) of `ext` into an allocation of its own."""
+        seg = self._segment_of(ext.node_id, ext.segment)
+        if seg is None:
+            return NotFoundError(f"segment {ext.segment!r} of extent {ext.extent_id} is gone")
+        alloc = seg.allocator
+        size = -(-item.size // seg.alignment) * seg.alignment  # what an allocation takes
+        if item.size <= 0 or item.offset % seg.alignment:
+            return BadRequestError(f"{item.key!r}: size must be > 0 and offset aligned")
+        start = ext.piece_holding(item.offset, size)
+        if start is None:
+            return BadRequestError(
+                f"{item.key!r}: [{item.offset}, +{size}) is not an uncommitted part of "
+                f"extent {ext.extent_id}"
+            )
+        length = ext.pieces.pop(start)
+        alloc.free(start)
+        end = start + length
+        for lo, hi in ((start, item.offset), (item.offset + size, end)):
+            if hi > lo:
+                alloc.allocate_at(lo, hi - lo)
+                ext.pieces[lo] = hi - lo
+        alloc.allocate_at(item.offset, size)
+        return Location(ext.node_id, seg.tier, ext.segment, item.offset, item.size)
+
+    def renew(self, ext: Extent, now: float) -> None:
+        ext.expires = now + self.ttl_s
+
+    def release(self, ext: Extent) -> int:
+        """Free what is left of `ext`; bytes freed."""
+        self.live.pop(ext.extent_id, None)
+        seg = self._segment_of(ext.node_id, ext.segment)
+        freed = 0
+        for start, length in ext.pieces.items():
+            if seg is not None:
+                seg.allocator.free(start)
+            freed += length
+        ext.pieces.clear()
+        return freed
+
+    def expire(self, now: float) -> int:
+        """Release every extent whose lease ended; how many."""
+        ended = [e for e in self.live.values() if e.expires <= now]
+        for ext in ended:
+            self.release(ext)
+        self.expired += len(ended)
+        return len(ended)
+
+    def on_unmount(self, node_id: str, segment: str) -> None:
+        """The segment went away with its allocator: forget its extents."""
+        for ext in [e for e in self.live.values() if (e.node_id, e.segment) == (node_id, segment)]:
+            ext.pieces.clear()
+            del self.live[ext.extent_id]
+
+    def pieces(self) -> Iterator[tuple[str, str, int, int]]:
+        """(node, segment, offset, size) of every uncommitted piece (integrity checks)."""
+        for ext in self.live.values():
+            for start, length in ext.pieces.items():
+                yield ext.node_id, ext.segment, start, length
+
+    def reserved_bytes(self) -> int:
+        return sum(length for *_, length in self.pieces())
