@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
 
-from mooncake_side_by_side import kvstore_pool, mooncake_pool, stores
+from mooncake_side_by_side import kvstore_pool, mooncake_pool, stores  # noqa: E402
 
 MiB = 1 << 20
 

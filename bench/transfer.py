@@ -4,7 +4,13 @@ A server process exposes a shared-memory segment (python -m kvstore.transfer.ser
 this process reads/writes objects of 64 KiB, 1 MiB and 16 MiB from/to it through
 each transport, as one batch per repeat. Baselines measured in the same run:
 memcpy (numpy copy of the same objects, one process) and a raw socket (plain
-blocking sockets between two processes, same connection count, same sizes).
+blocking sockets between two processes, same connection count, same sizes), each
+twice: first alone, before any engine or store process exists ("memcpy-quiet",
+"raw socket-quiet"), then beside the rows they judge. Every transport and store row
+is shown against both; the run goes in phases so that no NIXL agent (which spins a
+core while alive) idles beside another row: shm + tcp against a plain server, NIXL
+against a NIXL server, then the store rows with their pools (whose nodes serve NIXL
+too when it is installed: those rows run beside the agents).
 Targets: shm/nixl get >= 0.7x memcpy (objects >= 1 MiB); tcp >= 0.7x raw socket.
 
 Store rows (bench/transfer_stores.py; skip with --no-stores): a kvstore client per
@@ -36,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -102,7 +108,7 @@ class Runner:
 class Ctx:
     """The plan and the served segment, given to every runner factory."""
 
-    desc: SegmentDescriptor
+    desc: SegmentDescriptor | None  # None for the baseline-only phase
     total: int  # bytes moved per run (total // size objects)
     repeats: int
     connections: int
@@ -189,6 +195,7 @@ def engine_runner(ctx: Ctx, size: int, kind: str, op: TransferOp) -> Runner:
     engine = make_engine(kind, tcp=TcpConfig(connections=ctx.connections))
     local = np.ones(ctx.total, dtype=np.uint8)
     buf = engine.register("bench", local)
+    assert ctx.desc is not None
     batch = [TransferRequest(op, ctx.desc, i, size, buf, i) for i in range(0, ctx.total, size)]
     baseline = "memcpy" if kind in ("shm", "nixl") else "raw socket"
     name = "get" if op == TransferOp.READ else "put"
@@ -197,11 +204,14 @@ def engine_runner(ctx: Ctx, size: int, kind: str, op: TransferOp) -> Runner:
     )
 
 
-def transport_runners(ctx: Ctx, size: int, kinds: list[str]) -> list[Runner]:
+def plain_runners(ctx: Ctx, size: int) -> list[Runner]:
+    """The shm and tcp engines, beside the baselines they are judged by."""
     runners = [memcpy_runner(ctx, size), raw_runner(ctx, size, 1), raw_runner(ctx, size, 2)]
-    for kind in kinds:
-        runners += [engine_runner(ctx, size, kind, op) for op in TransferOp]
-    return runners
+    return runners + [engine_runner(ctx, size, k, op) for k in ("shm", "tcp") for op in TransferOp]
+
+
+def nixl_runners(ctx: Ctx, size: int) -> list[Runner]:
+    return [memcpy_runner(ctx, size)] + [engine_runner(ctx, size, "nixl", op) for op in TransferOp]
 
 
 def kv_transports() -> list[str]:
@@ -287,7 +297,7 @@ def print_table(rows: list[Row]) -> None:
             continue
         target = MOONCAKE_TARGET if r.baseline == "mooncake" else TARGET
         verdict = "ok" if r.ratio >= target else "MISS"
-        if r.baseline == "memcpy" and (r.size < MiB or r.op != "get"):
+        if r.baseline.startswith("memcpy") and (r.size < MiB or r.op != "get"):
             verdict = "-"  # the target covers same-host get of objects >= 1 MiB
         print(
             f"{r.size // KiB:>6}Ki {r.transport:<11} {r.op:<4} {r.gbps:>7.2f} "
@@ -295,16 +305,37 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
-def run_all(ctx: Ctx, kinds: list[str]) -> list[Row]:
+def run_phase(ctx: Ctx, make: Callable[[Ctx, int], list[Runner]]) -> list[Row]:
+    """Every size, with the runners `make` builds, timed interleaved; closed after."""
     rows = []
     for size in SIZES:
-        runners = transport_runners(ctx, size, kinds) + extra_runners(ctx, size)
+        runners = make(ctx, size)
         try:
             rows += measure(ctx, size, runners)
         finally:
             for runner in runners:
                 runner.close()
-    return rows + versus_mooncake(rows)
+    return rows
+
+
+def baseline_runners(ctx: Ctx, size: int) -> list[Runner]:
+    return [memcpy_runner(ctx, size), raw_runner(ctx, size, 1), raw_runner(ctx, size, 2)]
+
+
+QUIET = "-quiet"  # suffix of the baselines measured before any engine or store process ran
+
+
+def versus_quiet(rows: list[Row], quiet: list[Row]) -> list[Row]:
+    """Every row against a baseline again: the same baseline measured with nothing else
+    running (no NIXL agent, no store process) instead of the one measured beside it."""
+    base = {(r.size, r.transport, r.op): r.gbps for r in quiet}
+    out = []
+    for r in rows:
+        op = "copy" if r.baseline == "memcpy" else r.op
+        q = base.get((r.size, r.baseline, op))
+        if r.baseline in ("memcpy", "raw socket") and q:
+            out.append(Row(r.size, r.transport, r.op, r.gbps, r.baseline + QUIET, q))
+    return out
 
 
 @contextlib.contextmanager
@@ -354,30 +385,49 @@ def main(argv: list[str] | None = None) -> int:
 def measure_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
     """Start the servers and pools, measure every row, stop them; (rows, plan)."""
     total, repeats = (64 * MiB, 3) if args.quick else (256 * MiB, 7)
-    kinds = ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
     spawn = mp.get_context("spawn")
     port_rx, port_tx = spawn.Pipe(duplex=False)
     raw = spawn.Process(target=raw_server, args=(total, port_tx), daemon=True)
     raw.start()
-    proc, desc = start_server(total, "nixl" in kinds)
-    pools = None
+    base = Ctx(None, total, repeats, args.connections, port_rx.recv())
     try:
+        # Phases, so that nothing idles beside what is measured (a NIXL agent spins a
+        # core while alive): quiet baselines alone; shm + tcp against a plain server;
+        # NIXL against a NIXL server; then the stores (their processes alive).
+        quiet = run_phase(base, baseline_runners)
+        rows = _with_server(base, False, plain_runners)
+        if nixl_available():
+            rows += _with_server(base, True, nixl_runners)
         if not args.no_stores:
-            # kv: get + put objects per transport; Mooncake: get + put objects
-            # 3x, not 2x: at 2x the data of 3 transports is 96% of the pool, past the
-            # master's 95% high watermark, and eviction drops another row's get keys.
-            kv_bytes = 3 * total * len(kv_transports()) + 64 * MiB
-            pools = start_pools(kv_bytes, 2 * total + 64 * MiB, mooncake_available())
-        ctx = Ctx(desc, total, repeats, args.connections, port_rx.recv(), pools)
-        rows = run_all(ctx, kinds)
+            rows += _with_pools(base)
     finally:
-        if pools is not None:
-            pools.close()
         raw.terminate()
+    quiet = [Row(r.size, r.transport + QUIET, r.op, r.gbps, "", 0.0) for r in quiet]
+    rows = quiet + rows + versus_mooncake(rows) + versus_quiet(rows, quiet)
+    return rows, {"total": total, "repeats": repeats, "connections": args.connections}
+
+
+def _with_server(base: Ctx, nixl: bool, make: Callable[[Ctx, int], list[Runner]]) -> list[Row]:
+    proc, desc = start_server(base.total, nixl)
+    try:
+        return run_phase(replace(base, desc=desc), make)
+    finally:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(10)
-    return rows, {"total": total, "repeats": repeats, "connections": args.connections}
+
+
+def _with_pools(base: Ctx) -> list[Row]:
+    # kv: get + put objects per transport; Mooncake: get + put objects
+    # 3x, not 2x: at 2x the data of 3 transports is 96% of the pool, past the
+    # master's 95% high watermark, and eviction drops another row's get keys.
+    kv_bytes = 3 * base.total * len(kv_transports()) + 64 * MiB
+    pools = start_pools(kv_bytes, 2 * base.total + 64 * MiB, mooncake_available())
+    try:
+        ctx = replace(base, pools=pools)
+        return run_phase(ctx, lambda c, s: baseline_runners(c, s) + extra_runners(c, s))
+    finally:
+        pools.close()
 
 
 if __name__ == "__main__":
