@@ -332,7 +332,7 @@ def versus_quiet(rows: list[Row], quiet: list[Row]) -> list[Row]:
     out = []
     for r in rows:
         op = "copy" if r.baseline == "memcpy" else r.op
-        q = base.get((r.size, r.baseline, op))
+        q = base.get((r.size, r.baseline + QUIET, op))
         if r.baseline in ("memcpy", "raw socket") and q:
             out.append(Row(r.size, r.transport, r.op, r.gbps, r.baseline + QUIET, q))
     return out
