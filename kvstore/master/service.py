@@ -241,6 +241,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     ) -> master_pb2.StatsResponse:
         reply = stats_to_pb(self.state, self.epoch)
         reply.fast_lane = self.fast_lane
+        reply.extents = len(self.state.extents.live)
+        reply.extent_bytes = self.state.extents.reserved_bytes()
         return reply
 
     @translate
