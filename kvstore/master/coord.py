@@ -61,6 +61,7 @@ class HAConfig:
     max_txn_ops: int = 127
     max_txn_bytes: int = 1 << 20
     txns_in_flight: int = 8
+    compact_every_s: float = 30.0  # the leader compacts etcd's history this often (0 = never)
 
     def __post_init__(self) -> None:
         if not self.etcd:
@@ -103,6 +104,7 @@ class Coordinator(Protocol):
     async def leader(self) -> LeaderInfo | None: ...
     async def load(self) -> list[tuple[bytes, bytes]]: ...
     async def commit(self, epoch: int, ops: Ops) -> None: ...
+    async def compact(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -132,6 +134,7 @@ class MemoryEtcd:
     revision: int = 0
     down: bool = False  # every call fails UnavailableError while set
     commits: int = 0  # txns that wrote metadata
+    compactions: int = 0
 
     def check(self) -> None:
         if self.down:
@@ -228,6 +231,10 @@ class MemoryCoordinator:
             else:
                 self.store.put(full, value)
         self.store.commits += 1
+
+    async def compact(self) -> None:
+        self._check()
+        self.store.compactions += 1
 
     async def close(self) -> None:
         pass
@@ -358,6 +365,13 @@ class EtcdCoordinator:
         resp = await self._call(kv.txn, [fence], writes)
         if not resp.succeeded:
             raise DeposedError(f"not leader: etcd refused a write of epoch {epoch} (deposed)")
+
+    async def compact(self) -> None:
+        """Drop the history before now: every journal write is a revision, and etcd keeps
+        them all (memory and disk grow) until compacted."""
+        resp = await self._call(self._client.kv.get, self.prefix + b"/leader", keys_only=True)
+        with contextlib.suppress(UnavailableError):  # "already compacted" is no error here
+            await self._call(self._client.kv.compact, int(resp.header.revision))
 
     async def close(self) -> None:
         if self._client is not None:

@@ -389,7 +389,12 @@ class HAMaster:
 
     async def _keep_lease(self, lease: int, journal: ReplicatedJournal) -> str:
         every = self.ha.lease_ttl_s / 4
+        compact_at = time.monotonic() + (self.ha.compact_every_s or float("inf"))
         while True:
+            if time.monotonic() >= compact_at:
+                compact_at = time.monotonic() + self.ha.compact_every_s
+                self._leader_tasks = [t for t in self._leader_tasks if not t.done()]
+                self._leader_tasks.append(asyncio.create_task(self._compact()))
             if journal.failed is not None:
                 return f"journal refused: {journal.failed}"
             sent = time.monotonic()
@@ -406,6 +411,12 @@ class HAMaster:
             if time.monotonic() >= self.valid_until:
                 return "lease not renewed in time"
             await asyncio.sleep(max(0.0, min(every, self.valid_until - time.monotonic())))
+
+    async def _compact(self) -> None:
+        try:
+            await self.coord.compact()
+        except UnavailableError as exc:
+            log.info("event=etcd_compact_skipped error=%s", exc)
 
     async def _step_down(self, lease: int, reason: str) -> None:
         was_leading = self.servicer is not None

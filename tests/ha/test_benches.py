@@ -1,0 +1,45 @@
+"""bench/failover.py and bench/soak.py end to end at a tiny size (real etcd, processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ha.etcd import find_etcd
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(find_etcd() is None, reason="no etcd binary (apt-get install etcd-server)"),
+]
+
+
+def _bench(*argv: str, timeout_s: float) -> dict:
+    proc = subprocess.run(
+        [sys.executable, *argv, "--json"], capture_output=True, text=True, cwd=REPO,
+        timeout=timeout_s,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_failover_bench_one_trial(tmp_path: Path) -> None:
+    out = tmp_path / "failover.json"
+    r = _bench("bench/failover.py", "--trials", "1", "--no-rates", "--out", str(out),
+               timeout_s=240)  # fmt: skip
+    assert r["objects_lost"] == 0 and r["untyped_errors"] == 0
+    assert 0 <= r["writes_resume_p99_s"] < 10
+    assert json.loads(out.read_text())["trials"] == 1
+
+
+def test_soak_short(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    r = _bench("bench/soak.py", "--seconds", "30", "--clients", "3", "--sample-s", "2",
+               "--out", str(out), timeout_s=300)  # fmt: skip
+    assert r["integrity_failures"] == 0 and r["untyped_errors"] == 0
+    assert r["ops"]["put"] > 50 and r["verified"] > 0
+    assert set(r["rss_slope_mib_per_min"]) >= {"master0", "master1", "master2", "etcd"}
