@@ -117,3 +117,22 @@ def test_failover_keeps_committed_objects_and_fences_the_old_leader(masters: Any
         assert int(stats_of(new.address).objects) == 21
         assert old.role == "follower"
         new.state.check_integrity()
+
+
+def test_async_client_follows_the_leader(masters: Any) -> None:
+    from kvstore.client import AsyncClient
+
+    _, ms, _ = masters
+    old = wait_leader(ms)
+    follower_first = ",".join(m.address for m in sorted(ms, key=lambda m: m is old))
+
+    async def go() -> None:
+        async with AsyncClient(follower_first, segment_bytes=4 << 20, failover_timeout_s=10) as c:
+            await c.put("a", b"1" * 100)  # sent to the follower first: refused, redirected
+            old.coord.cut = True
+            new = await asyncio.to_thread(wait_leader, ms, old)
+            assert await c.get("a") == b"1" * 100
+            await c.put("b", b"2" * 100)
+            assert new.state is not None and "b" in new.state.objects
+
+    asyncio.run(go())
