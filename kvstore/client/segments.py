@@ -16,6 +16,7 @@ def contributed_node(config: ClientConfig) -> StorageNode:
     return StorageNode(
         NodeConfig(
             master=config.master,
+            masters=config.masters,  # HA: the lent segment follows the leader too
             node_id=config.id,
             listen_host=config.listen_host,
             dram_bytes=config.segment_bytes,

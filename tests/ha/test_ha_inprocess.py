@@ -96,7 +96,7 @@ def test_follower_refuses_naming_the_leader(masters: Any) -> None:
 def test_failover_keeps_committed_objects_and_fences_the_old_leader(masters: Any) -> None:
     _, ms, _ = masters
     old = wait_leader(ms)
-    addresses = ",".join(m.address for m in ms)
+    addresses = ",".join(m.address for m in sorted(ms, key=lambda m: m is old))  # follower 1st
     with Client(addresses, segment_bytes=4 << 20, failover_timeout_s=10) as c:
         for i in range(20):
             c.put(f"k{i}", bytes([i]) * 1000)
@@ -114,6 +114,8 @@ def test_failover_keeps_committed_objects_and_fences_the_old_leader(masters: Any
             assert c.get(f"k{i}") == bytes([i]) * 1000
         c.put("after", b"x" * 100)
         assert c.get("after") == b"x" * 100
+        time.sleep(3.5)  # past node_ttl_s: the lent segment re-joined, or its objects went
+        assert c.get("k0") == bytes([0]) * 1000
         assert int(stats_of(new.address).objects) == 21
         assert old.role == "follower"
         new.state.check_integrity()
