@@ -44,6 +44,7 @@ from kvstore.v1 import master_pb2
 # The hot path: what a put and a get call. Ids are the index (append only: wire format).
 METHODS = (
     "PutStart", "PutEnd", "PutRevoke", "BatchLookup", "Stats", "GrantExtent", "CommitExtent",
+    "NodeTasks",  # the nodes' long poll for tier moves: a PutEnd of an SSD replica waits on it
 )  # fmt: skip
 _ID = {name: i for i, name in enumerate(METHODS)}
 _REQUEST = [getattr(master_pb2, f"{m}Request") for m in METHODS]
@@ -295,9 +296,12 @@ class SyncLane:
             sock.close()
 
     def close(self) -> None:
+        """Close every thread's connection; a call blocked on one ends (LaneDown)."""
         with self._lock:
             socks, self._socks = self._socks, []
         for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
             with contextlib.suppress(OSError):
                 sock.close()
 

@@ -36,7 +36,7 @@ from kvstore.master.model import (
     PutItem,
     Segment,
 )
-from kvstore.master.placement import place
+from kvstore.master.placement import place, rank_segments
 from kvstore.master.tiering import MoveResult, Tiering, same_replica
 from kvstore.types import Location, Tier, check_key
 
@@ -228,8 +228,8 @@ class MasterState:
     def grant_extent(
         self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0
     ) -> Extent:
-        """Lease `client_id` a range of a DRAM segment of `min_size`..`size` bytes (never
-        more than a 16th of the biggest one), placed like a put; `release` first."""
+        """Lease `client_id` a range of a memory segment of `min_size`..`size` bytes,
+        placed like a put (see `_place_extent`); `release` an older one first."""
         now = self.clock()
         if release:
             with contextlib.suppress(NotFoundError):
@@ -239,17 +239,31 @@ class MasterState:
                 f"extent of {min_size}..{size} bytes: need 0 < min <= size <= "
                 f"{self.config.max_extent_bytes}"
             )
-        dram = [s for s in self.registry.live_segments() if s.tier == Tier.DRAM]
-        want = max(min_size, min(size, max((s.capacity for s in dram), default=0) // 16))
-        key = f"extent/{client_id}"
-        locs = place(dram, PutItem(key, want, tier=Tier.DRAM), client_node)
-        if locs is None:
-            locs = self._place_or_evict(PutItem(key, min_size, tier=Tier.DRAM), client_node)
-        if locs is None:
-            raise NoSpaceError(f"no DRAM segment has {min_size} free bytes for an extent")
+        loc = self._place_extent(client_id, client_node, size, min_size)
+        if loc is None:  # the client's puts go by PutStart (which may offload or evict)
+            raise NoSpaceError(f"no memory segment is where a put of {min_size} bytes goes")
+        locs = [loc]
         ext = self.extents.add(client_id, locs[0], now)
         self.evict_to_watermark()
         return ext
+
+    def _place_extent(
+        self, client_id: str, client_node: str, size: int, min_size: int
+    ) -> Location | None:
+        """An extent goes where a put of its size would (the client's node first, then
+        the fastest tier), but only to a memory tier and never by evicting: when that
+        place is an SSD or full, None. At most a 16th of the segment it lands in."""
+        ranked = rank_segments(
+            self.registry.live_segments(), PutItem(f"extent/{client_id}", min_size), client_node
+        )
+        if not ranked or ranked[0].tier == Tier.SSD:
+            return None
+        seg = ranked[0]
+        for want in (max(min_size, min(size, seg.capacity // 16)), min_size):
+            offset = seg.allocate(want)
+            if offset is not None:
+                return Location(seg.node_id, seg.tier, seg.name, offset, want)
+        return None
 
     def commit_extent(
         self, client_id: str, extent_id: int, items: Sequence[CommitItem], release: bool = False

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from kvstore.errors import CorruptError, KVStoreError, NotFoundError, UnavailableError
+from kvstore.fastlane import SyncRouter
 from kvstore.rpc_errors import code_for, raise_from_rpc_error
 from kvstore.tiers.direct_io import copy_bytes
 from kvstore.tiers.hbm_segment import HbmSegment
@@ -43,6 +44,9 @@ class TaskWorker:
         self, channel: grpc.Channel, node_id: str, segments: Sequence[Any], rpc_timeout_s: float
     ) -> None:
         self._stub = master_pb2_grpc.MasterStub(channel)
+        # The long poll goes over the master's fast lane when it has one: a PERSIST a
+        # PutEnd waits on is handed out and reported back without two gRPC calls.
+        self._router = SyncRouter(rpc_timeout_s + POLL_MS / 1000)
         self.node_id = node_id
         self._segments = {s.name: s for s in segments}
         self._timeout = rpc_timeout_s
@@ -63,6 +67,7 @@ class TaskWorker:
         """Stop after the task in hand (its result is not reported: the master's
         incarnation check or node TTL voids it)."""
         self._stop.set()
+        self._router.close()  # a long poll on the lane ends with its socket
         call = self._call
         if call is not None:
             call.cancel()  # end the long poll now rather than at its timeout
@@ -89,6 +94,18 @@ class TaskWorker:
         request = master_pb2.NodeTasksRequest(
             node_id=self.node_id, done=results, wait_ms=POLL_MS, max_tasks=MAX_TASKS
         )
+        reply = self._router.call("NodeTasks", request, self._grpc)
+        return list(reply.tasks)
+
+    def _grpc(self, method: str, request: Any) -> Any:
+        """One master call over gRPC (the lane's fallback, and its Stats probe)."""
+        if self._stop.is_set():
+            raise UnavailableError("stopped")
+        if method != "NodeTasks":
+            try:
+                return getattr(self._stub, method)(request, timeout=self._timeout)
+            except grpc.RpcError as err:
+                raise_from_rpc_error(err)
         try:
             call = self._stub.NodeTasks.future(request, timeout=self._timeout + POLL_MS / 1000)
             self._call = call
@@ -101,7 +118,7 @@ class TaskWorker:
             raise_from_rpc_error(err)
         except ValueError as err:  # the channel was closed under us (stop)
             raise UnavailableError(str(err)) from err
-        return list(reply.tasks)
+        return reply
 
     def _run_all(self, tasks: Sequence[master_pb2.NodeTask]) -> list[master_pb2.TaskResult]:
         """Run one poll's tasks, IO_DEPTH at a time (SSD I/O overlaps); the tasks of one
