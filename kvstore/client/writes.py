@@ -80,10 +80,14 @@ def put_op(
 
 
 def _started_put_op(
-    ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions
-) -> Op[list[KVStoreError | None]]:
-    """PutStart, WRITE every replica, PutEnd; a result per key."""
+    ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions,
+    retry: bool = True,
+) -> Op[list[KVStoreError | None]]:  # fmt: skip
+    """PutStart, WRITE every replica, PutEnd; a result per key. Keys whose WRITE could
+    not reach their node are revoked, the node reported (the master fences it), and put
+    once more (`retry`): placed elsewhere now."""
     results: list[KVStoreError | None] = [None] * len(keys)
+    unreachable: set[str] = set()  # nodes a WRITE of this call failed on
     reply = yield Rpc("PutStart", _start_request(ctx, keys, views, opts))
     started: dict[int, list[Location]] = {}
     for i, res in enumerate(reply.results):
@@ -94,7 +98,7 @@ def _started_put_op(
     if not started:
         return results
     try:
-        settled = yield from _write(ctx, started, views, results)
+        settled = yield from _write(ctx, started, views, results, unreachable)
         stale = {i: started[i] for i in started if isinstance(results[i], TransferError)}
         if stale and settled:  # keep the keys all of whose replicas' nodes moved
             flat = [loc for locs in stale.values() for loc in locs]
@@ -120,7 +124,24 @@ def _started_put_op(
     failed = [keys[i] for i in started if i not in written]
     if failed and settled:
         yield from _revoke(ctx, failed)
+    again = [i for i in started if isinstance(results[i], TransferError)]
+    if retry and settled and again and unreachable:
+        yield from _report_unreachable(ctx, unreachable)
+        sub = yield from _started_put_op(
+            ctx, [keys[i] for i in again], [views[i] for i in again], opts, retry=False
+        )
+        for i, res in zip(again, sub, strict=True):
+            results[i] = res
     return results
+
+
+def _report_unreachable(ctx: OpContext, nodes: set[str]) -> Op[None]:
+    """Tell the master which nodes' data plane failed us (best effort)."""
+    request = master_pb2.ReportUnreachableRequest(client_id=ctx.config.id, node_ids=sorted(nodes))
+    try:
+        yield Rpc("ReportUnreachable", request)
+    except KVStoreError:
+        return
 
 
 def _write(
@@ -128,11 +149,13 @@ def _write(
     started: dict[int, list[Location]],
     views: Sequence[memoryview],
     results: list[KVStoreError | None],
+    unreachable: set[str] | None = None,
 ) -> Op[bool]:
-    """WRITE every replica of every started key as one batch; False if not all settled."""
+    """WRITE every replica of every started key as one batch; False if not all settled.
+    The nodes of failed WRITEs go into `unreachable`."""
     flat = [(i, loc) for i, locs in started.items() for loc in locs]
     descs = yield from resolve(ctx, [loc for _, loc in flat])
-    transfers, owners = [], []
+    transfers, owners, locs_of = [], [], []
     for (i, loc), desc in zip(flat, descs, strict=True):
         if desc is None:
             results[i] = results[i] or TransferError(
@@ -141,10 +164,13 @@ def _write(
             continue
         transfers.append(Transfer(desc, loc.offset, views[i]))
         owners.append(i)
+        locs_of.append(loc)
     batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
-    for i, err in zip(owners, batch.errors, strict=True):
+    for (i, loc), err in zip(zip(owners, locs_of, strict=True), batch.errors, strict=True):
         if err is not None and results[i] is None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
+        if err is not None and unreachable is not None and isinstance(results[i], TransferError):
+            unreachable.add(loc.node_id)
     return batch.settled
 
 
@@ -180,6 +206,8 @@ def extent_put_op(
     batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
     if not batch.settled or any(batch.errors):
         holder.abandon(extent_id)  # a write may still land: let the lease run out
+    if any(isinstance(e, TransferError | OSError) for e in batch.errors):
+        yield from _report_unreachable(ctx, {locs[0].node_id})  # PutStart goes elsewhere
     ok = [i for i, err in enumerate(batch.errors) if err is None]
     retry = [i for i, err in enumerate(batch.errors) if err is not None]
     if not ok:

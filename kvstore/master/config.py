@@ -45,6 +45,7 @@ class MasterConfig:
     fast_lane: bool = True  # serve the hot-path calls on a framed TCP port too (kvstore.fastlane)
     extent_ttl_s: float = 30.0  # lease of a client's extent (kvstore.master.extents)
     max_extent_bytes: int = 256 << 20
+    fence_s: float = 10.0  # a node clients report unreachable gets no new replica this long
 
     def __post_init__(self) -> None:
         positive = {

@@ -31,6 +31,11 @@ class NodeRegistry:
         self.nodes: dict[str, NodeInfo] = {}
         self.segments: dict[tuple[str, str], Segment] = {}
         self.cordoned: set[str] = set()  # nodes being drained: no new replica goes there
+        # Nodes whose data plane clients could not reach: no new replica goes there until
+        # the master clock passes the deadline (`fence`). The clock is the last one the
+        # registry was told (every heartbeat tells it), so fences end without a timer.
+        self.fenced: dict[str, float] = {}
+        self._now = 0.0
 
     def register(
         self, node_id: str, endpoint: Endpoint, now: float, incarnation: str = ""
@@ -38,12 +43,35 @@ class NodeRegistry:
         """Add a node, or refresh the endpoint and heartbeat of a known one."""
         if not node_id or len(node_id) > 256:
             raise BadRequestError("node_id must be 1..256 characters")
+        old = self.nodes.get(node_id)
+        if old is None or old.endpoint != endpoint or old.incarnation != incarnation:
+            self.fenced.pop(node_id, None)  # a new process or address: reachable again?
         node = NodeInfo(node_id, endpoint, now, incarnation)
         self.nodes[node_id] = node
+        self._now = max(self._now, now)
         return node
 
     def heartbeat(self, node_id: str, now: float) -> None:
         self.node(node_id).last_heartbeat = now
+        self._now = max(self._now, now)
+
+    def fence(self, node_id: str, until: float, now: float) -> bool:
+        """Keep new replicas off `node_id` until `until`; False for an unknown node."""
+        self._now = max(self._now, now)
+        if node_id not in self.nodes:
+            return False
+        self.fenced[node_id] = max(until, self.fenced.get(node_id, 0.0))
+        return True
+
+    def _excluded(self) -> set[str]:
+        for node_id in [n for n, until in self.fenced.items() if until <= self._now]:
+            del self.fenced[node_id]
+        if not self.fenced:
+            return self.cordoned
+        out = self.cordoned | set(self.fenced)
+        if all(s.node_id in out for s in self.segments.values()):
+            return self.cordoned  # every node fenced: a fence is a hint, not an outage
+        return out
 
     def node(self, node_id: str) -> NodeInfo:
         node = self.nodes.get(node_id)
@@ -100,12 +128,15 @@ class NodeRegistry:
 
     def forget(self, node_id: str) -> None:
         self.nodes.pop(node_id, None)
+        self.fenced.pop(node_id, None)
 
     def live_segments(self) -> Iterator[Segment]:
-        """Segments new replicas may use: those of cordoned (draining) nodes are left out."""
-        if not self.cordoned:
+        """Segments new replicas may use: those of cordoned (draining) and fenced
+        (unreachable, see `fence`) nodes are left out."""
+        out = self._excluded() if self.fenced else self.cordoned
+        if not out:
             return iter(self.segments.values())
-        return (s for s in self.segments.values() if s.node_id not in self.cordoned)
+        return (s for s in self.segments.values() if s.node_id not in out)
 
     def capacity(self) -> int:
         return sum(s.capacity for s in self.segments.values())

@@ -482,6 +482,13 @@ class MasterState:
                 dropped += 1
         return dropped
 
+    def report_unreachable(self, node_ids: Sequence[str]) -> list[str]:
+        """Clients could not reach these nodes' data plane: fence each known one for
+        `fence_s` (no new replica goes there; reads are untouched). The fenced ids."""
+        now = self.clock()
+        until = now + self.config.fence_s
+        return [n for n in dict.fromkeys(node_ids) if self.registry.fence(n, until, now)]
+
     def announce(
         self, node_id: str, name: str, found: Sequence[tuple[str, int, int, int]], complete: bool
     ) -> tuple[int, int, int, list[str]]:

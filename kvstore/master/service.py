@@ -226,6 +226,19 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
         return reply
 
+    @translate
+    async def ReportUnreachable(
+        self, request: master_pb2.ReportUnreachableRequest, context: Ctx
+    ) -> master_pb2.ReportUnreachableResponse:
+        self._check_batch(len(request.node_ids))
+        fenced = self.state.report_unreachable(request.node_ids)
+        for node_id in fenced:
+            log.warning(
+                "event=node_fenced node=%s reporter=%s seconds=%.1f", node_id,
+                request.client_id or "-", self.state.config.fence_s,
+            )  # fmt: skip
+        return master_pb2.ReportUnreachableResponse(fenced=fenced)
+
     def _record_readers(
         self, keys: Sequence[str], found: Sequence[object], reader: str, ttl: float
     ) -> None:
@@ -243,6 +256,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         reply.fast_lane = self.fast_lane
         reply.extents = len(self.state.extents.live)
         reply.extent_bytes = self.state.extents.reserved_bytes()
+        reply.fenced_nodes = len(self.state.registry.fenced)
         return reply
 
     @translate

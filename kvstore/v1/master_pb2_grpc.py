@@ -144,6 +144,11 @@ class MasterStub(object):
                 request_serializer=kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.FromString,
                 _registered_method=True)
+        self.ReportUnreachable = channel.unary_unary(
+                '/kvstore.v1.Master/ReportUnreachable',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.ReportUnreachableRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.ReportUnreachableResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer(object):
@@ -292,6 +297,14 @@ class MasterServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportUnreachable(self, request, context):
+        """A client could not reach these nodes' data plane: no new replica goes there for
+        `fence_s` (placement then survives a black-holed node).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -404,6 +417,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CommitExtent,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.SerializeToString,
+            ),
+            'ReportUnreachable': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUnreachable,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.ReportUnreachableRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.ReportUnreachableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1000,6 +1018,33 @@ class Master(object):
             '/kvstore.v1.Master/CommitExtent',
             kvstore_dot_v1_dot_master__pb2.CommitExtentRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.CommitExtentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUnreachable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/ReportUnreachable',
+            kvstore_dot_v1_dot_master__pb2.ReportUnreachableRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.ReportUnreachableResponse.FromString,
             options,
             channel_credentials,
             insecure,
