@@ -398,8 +398,12 @@ class HAMaster:
             if journal.failed is not None:
                 return f"journal refused: {journal.failed}"
             sent = time.monotonic()
-            try:
-                left = await self.coord.keepalive(lease)
+            try:  # bounded by the lease left: a step-down is due at valid_until, not later
+                left = await asyncio.wait_for(
+                    self.coord.keepalive(lease), max(0.05, self.valid_until - sent)
+                )
+            except TimeoutError:
+                return "lease not renewed in time: etcd did not answer"
             except UnavailableError as exc:
                 if time.monotonic() >= self.valid_until:
                     return f"lease not renewed in time: {exc}"
