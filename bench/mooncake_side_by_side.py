@@ -16,7 +16,7 @@ segment; `remote`: another process lends it (a `kvstore node`, or a Mooncake
 client holding a segment) and the benchmark client lends none. Every Mooncake
 process binds 127.0.0.1 (MC_TCP_BIND_ADDRESS). Ratios are kvstore / mooncake.
 
-    python bench/mooncake_side_by_side.py [--placement own|remote] [--quick] [--json]
+    python bench/mooncake_side_by_side.py [--placement own|remote] [--repeat 5] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,16 +189,29 @@ def stores() -> list[tuple[str, str, dict[str, str]]]:
     return out
 
 
-def bench(harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path) -> list[Row]:
-    rows = []
-    for label, module, extra in stores():
-        pool = mooncake_pool if label == "mooncake" else kvstore_pool
+def bench(
+    harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path, repeat: int = 1
+) -> list[Row]:
+    """Each (store, size) `repeat` times, the stores interleaved within each round (drift
+    hits all alike); per row the median write and read of its runs."""
+    runs: dict[tuple[str, int], list[tuple[float, float, bool]]] = {}
+    for _ in range(repeat):
         for size in sizes:
-            segment = size * objects * 5 // 4 + 64 * MiB  # stay clear of 95% eviction
-            with pool(segment, remote, workdir / f"{label}.log") as master:
-                own = 0 if remote else segment
-                w, r, ok = run_harness(harness, module, master, size, objects, own, extra, workdir)
-            rows.append(Row(label, size, objects, w, r, ok))
+            for label, module, extra in stores():
+                pool = mooncake_pool if label == "mooncake" else kvstore_pool
+                segment = size * objects * 5 // 4 + 64 * MiB  # stay clear of 95% eviction
+                with pool(segment, remote, workdir / f"{label}.log") as master:
+                    own = 0 if remote else segment
+                    runs.setdefault((label, size), []).append(
+                        run_harness(harness, module, master, size, objects, own, extra, workdir)
+                    )
+    rows = []
+    for label, _, _ in stores():
+        for size in sizes:
+            got = runs[(label, size)]
+            w = statistics.median(x[0] for x in got)
+            r = statistics.median(x[1] for x in got)
+            rows.append(Row(label, size, objects, w, r, all(x[2] for x in got)))
     return rows
 
 
@@ -220,16 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placement", choices=["own", "remote"], default="own")
     parser.add_argument("--objects", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="16 objects per size")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if not args.harness.is_file():
         parser.error(f"no harness at {args.harness}")
     objects = 16 if args.quick else args.objects
     with tempfile.TemporaryDirectory(prefix="kvs-sbs-") as tmp:
-        rows = bench(args.harness, [MiB, 16 * MiB], objects, args.placement == "remote", Path(tmp))
+        remote = args.placement == "remote"
+        rows = bench(args.harness, [MiB, 16 * MiB], objects, remote, Path(tmp), args.repeat)
     if args.json:
         doc = {"bench": "mooncake_side_by_side", "placement": args.placement,
-               "rows": [asdict(r) for r in rows]}  # fmt: skip
+               "repeat": args.repeat, "rows": [asdict(r) for r in rows]}  # fmt: skip
         print(json.dumps(doc))
     else:
         print_table(rows, args.placement)
