@@ -67,6 +67,8 @@ class AsyncClient:
                     await asyncio.to_thread(node.start)
                     self._node = node
                     self._ctx.node_id = self.config.id
+                    for seg in node.segments:  # our own DRAM: reached by memcpy
+                        self._data.adopt_local(seg.name, seg.buffer)
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
         return self
 
@@ -179,6 +181,7 @@ class AsyncClient:
         if self._stub is not None:
             with contextlib.suppress(KVStoreError):  # its lease would end anyway
                 await run_async(release_op(self._ctx), self._route, self._io)
+        self._data.drop_local()  # before the node unmaps it
         if self._node is not None:
             await asyncio.to_thread(self._node.stop)
         await asyncio.to_thread(self._data.close)

@@ -88,6 +88,8 @@ class Client:
             node.start()
             self._node = node
             self._ctx.node_id = self.config.id
+            for seg in node.segments:  # our own DRAM: reached by memcpy, not an engine
+                self._data.adopt_local(seg.name, seg.buffer)
 
     def call_rpc(self, step: Rpc) -> Any:
         """One master call, bounded by `timeout_s`; gRPC errors become KVStoreErrors."""
@@ -204,6 +206,7 @@ class Client:
         self._closed = True
         with contextlib.suppress(KVStoreError):  # its lease would end anyway
             run_sync(release_op(self._ctx), self._route)
+        self._data.drop_local()  # before the node unmaps it
         if self._node is not None:
             self._node.stop()
         self._data.close()

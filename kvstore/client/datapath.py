@@ -65,6 +65,10 @@ class DataPath:
         self._starts: list[int] = []  # region starts, for bisect
         self._lock = threading.Lock()
         self._names = itertools.count()
+        # Segments this process lends (its contributed node's DRAM), by segment name: a
+        # transfer to or from one is a memcpy in place, with no engine and no second
+        # mapping of the same memory (`adopt_local`).
+        self._local: dict[str, memoryview] = {}
 
     # -- registered buffers ----------------------------------------------------
 
@@ -115,6 +119,26 @@ class DataPath:
             names = sorted(r.desc.name for r in self._regions)
         assert sorted(self.engine.buffers.names()) == names, "leaked engine registrations"
 
+    # -- segments of this process -------------------------------------------------
+
+    def adopt_local(self, name: str, buffer: memoryview) -> None:
+        """`buffer` is segment `name`, lent by this very process: move its bytes by memcpy."""
+        self._local[name] = buffer
+
+    def drop_local(self) -> None:
+        """Forget the adopted segments (before their owner unmaps them)."""
+        self._local.clear()
+
+    def _local_copy(self, op: TransferOp, t: Transfer, mem: memoryview) -> Exception | None:
+        end = t.remote_offset + t.view.nbytes
+        if t.remote_offset < 0 or end > mem.nbytes:
+            return BadRequestError(f"range [{t.remote_offset}, {end}) is outside {t.remote.name!r}")
+        if op == TransferOp.READ:
+            t.view[:] = mem[t.remote_offset : end]
+        else:
+            mem[t.remote_offset : end] = t.view
+        return None
+
     # -- transfers --------------------------------------------------------------
 
     def run(self, op: TransferOp, transfers: Sequence[Transfer]) -> BatchResult:
@@ -125,6 +149,10 @@ class DataPath:
         reachable: set[int] = set()  # ids of the remote descriptors checked in this batch
         try:
             for i, t in enumerate(transfers):
+                local = self._local.get(t.remote.name) if self._local else None
+                if local is not None:
+                    errors[i] = self._local_copy(op, t, local)
+                    continue
                 try:
                     if id(t.remote) not in reachable:
                         self._check_reachable(t.remote)
@@ -163,6 +191,9 @@ class DataPath:
 
     def mapped(self, remote: SegmentDescriptor) -> memoryview | None:
         """`remote` as mapped memory when this data path reaches it by shared memory."""
+        local = self._local.get(remote.name) if self._local else None
+        if local is not None:
+            return local
         if self.transport not in ("shm", "auto") or not shm_reachable(remote):
             return None
         engine = self.engine

@@ -97,3 +97,17 @@ def test_writer_killed_before_its_commit_leaves_nothing(pool: Cluster) -> None:
         for f in (proc.stdin, proc.stdout):
             if f is not None:
                 f.close()
+
+
+def test_a_lent_segment_is_reached_by_memcpy_in_place(pool: Cluster) -> None:
+    """Puts and gets of a client's own segment copy in place: the engine never maps it."""
+    value = bytes(range(256)) * 1024
+    with Client(pool.address, segment_bytes=8 << 20) as lender, Client(pool.address) as other:
+        lender.put("mine", value)
+        assert pool.holders("mine") == [lender.config.id]  # its puts prefer its segment
+        assert lender.get("mine") == value
+        engine = lender._data.engine
+        shm = engine if hasattr(engine, "_maps") else engine.engine("shm")  # type: ignore[attr-defined]
+        assert not shm._maps  # no second mapping of its own memory
+        assert other.get("mine") == value  # the bytes really are in the lent segment
+        assert lender.remove("mine", force=True)  # the other reader holds a lease
