@@ -9,6 +9,9 @@ master adopts each one it can place exactly where the node says it is:
 - known, with a replica at that very range: nothing to do (`known`);
 - known elsewhere with the same checksum: one more replica, when the node holds
   no other replica of it;
+- a key the master dropped while the node was away, whose FORGET the node
+  never got (it restarted or died first; `Tiering.tombstones`): refused, so a
+  removed object does not come back with its node;
 - anything else (another checksum: newer data under the key; a range that
   overlaps live data): refused, and the node forgets it.
 
@@ -44,7 +47,12 @@ def adopt(
     adopted = known = 0
     refused: list[str] = []
     listed: set[str] = set()
+    graves = state.tiering.tombstones.get(node_id, set())
     for key, offset, length, checksum in found:
+        if key in graves and key not in state.objects:  # removed while the node was away
+            graves.discard(key)
+            refused.append(key)
+            continue
         outcome = _adopt_one(state, seg.node_id, seg.name, key, offset, length, checksum)
         if outcome == "refused":
             refused.append(key)
@@ -53,6 +61,8 @@ def adopt(
         adopted += outcome == "adopted"
         known += outcome == "known"
     dropped = _drop_unlisted(state, node_id, name, listed) if complete else 0
+    if complete:  # the node listed everything it holds: no grave is needed any more
+        state.tiering.tombstones.pop(node_id, None)
     state.counters.adopted += adopted
     return adopted, known, dropped, refused
 

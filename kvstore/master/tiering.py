@@ -100,6 +100,9 @@ class Tiering:
     pending: dict[str, deque[Move]] = field(default_factory=dict)
     inflight: dict[int, Move] = field(default_factory=dict)
     deferred_drops: list[tuple[str, Location]] = field(default_factory=list)
+    # node -> keys whose FORGET that node never got (it restarted or died first): a
+    # re-announcement of one is refused, so a removed object does not come back.
+    tombstones: dict[str, set[str]] = field(default_factory=dict)
     _fastest: dict[str, Tier] = field(default_factory=dict)  # node -> its fastest tier
     _ids: count[int] = field(default_factory=lambda: count(1))
 
@@ -393,6 +396,8 @@ class Tiering:
         moves += list(self.pending.pop(node_id, ()))
         for move in moves:
             self.inflight.pop(move.task_id, None)
+            if move.kind is MoveKind.FORGET:
+                self.tombstones.setdefault(node_id, set()).add(move.key)
             self._drop_move(move, "", "")
 
     # ---- integrity ------------------------------------------------------------

@@ -158,3 +158,26 @@ def test_announce_adopts_refuses_and_drops(clock: FakeClock) -> None:
     assert sorted(st.objects) == ["fresh", "known"]  # "lost" was not on the node any more
     assert st.objects["fresh"].checksum == 9
     st.check_integrity()
+
+
+def test_an_object_removed_while_its_node_restarts_stays_removed(clock: FakeClock) -> None:
+    st = pool(clock)
+    put(st, "gone", tier=Tier.SSD)
+    put(st, "kept", tier=Tier.SSD)
+    gone, kept = st.objects["gone"].replicas[0], st.objects["kept"].replicas[0]
+    st.tiering.take("a", 10)  # the PERSISTs, handed out and done
+    assert st.remove(["gone"]) == [None]  # its FORGET is queued for node a...
+    st.register_node("a", Endpoint("a:2", "h"), "inc2")  # ...which restarts before it ran
+    assert st.tiering.tombstones == {"a": {"gone"}}
+    found = [  # the node's index still lists both
+        ("gone", gone.offset, gone.length, len("gone")),
+        ("kept", kept.offset, kept.length, len("kept")),
+    ]
+    adopted, seen, dropped, refused = st.announce("a", "a-ssd", found, complete=True)
+    assert (adopted, seen, dropped, refused) == (0, 1, 0, ["gone"])  # the node forgets it
+    assert sorted(st.objects) == ["kept"] and not st.tiering.tombstones
+    st.check_integrity()
+    # a key put again after the grave was dug is the new object, not a ghost
+    put(st, "gone", tier=Tier.SSD)
+    assert st.objects["gone"].state.name == "COMPLETE"
+    st.check_integrity()
