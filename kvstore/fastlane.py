@@ -37,7 +37,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
+from kvstore.errors import BadRequestError, KVStoreError, NotLeaderError, UnavailableError
 from kvstore.rpc_errors import error_for_status, status_for
 from kvstore.v1 import master_pb2
 
@@ -182,7 +182,7 @@ class FastLaneServer:
             request = _REQUEST[method].FromString(payload)
             behavior = getattr(self.servicer, name)
             guard = getattr(self.servicer, "guard", None)  # kvstore.security: gRPC's limits
-            if guard is None:
+            if not hasattr(guard, "call"):  # none (or a stand-in that forwards every name)
                 reply = await behavior(request, ctx)
             else:
                 reply = await guard.call(name, behavior, request, ctx)
@@ -456,7 +456,7 @@ class SyncRouter(_Router):
             return reply
         try:
             reply = lane.call(method, request)
-        except LaneDown:
+        except (LaneDown, NotLeaderError):  # gRPC follows the leader; then a new probe
             self._drop()
             return grpc_call(method, request)
         if method == "Stats":
@@ -507,7 +507,7 @@ class AsyncRouter(_Router):
             return reply
         try:
             reply = await lane.call(method, request)
-        except LaneDown:
+        except (LaneDown, NotLeaderError):
             lane.close()
             self.lane = None
             self._failed()

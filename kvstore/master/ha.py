@@ -35,6 +35,7 @@ import grpc
 
 from kvstore import edge
 from kvstore.errors import KVStoreError, NotLeaderError, UnavailableError
+from kvstore.fastlane import FastLaneServer
 from kvstore.master.config import MasterConfig
 from kvstore.master.coord import Coordinator, DeposedError, EtcdCoordinator, HAConfig, LeaderInfo
 from kvstore.master.journal import (
@@ -247,6 +248,8 @@ class HAMaster:
         self._leader_tasks: list[asyncio.Task[Any]] = []
         self._main: asyncio.Task[None] | None = None
         self._warned = False
+        self.lane: FastLaneServer | None = None
+        self.lane_address = ""
 
     @property
     def role(self) -> str:
@@ -266,6 +269,14 @@ class HAMaster:
             component="master", max_message_bytes=self.config.max_message_bytes,
         )  # fmt: skip
         self.address = self.ha.advertise or self.edge.address
+        if self.config.fast_lane:  # the hot-path calls, framed (kvstore.fastlane); every
+            # one goes through `handle`, so followers refuse them as they refuse gRPC ones.
+            # Plaintext, like this master's gRPC port.
+            self.lane = await FastLaneServer.start(
+                _LeaderOnly(self), edge.split_address(self.edge.address)[0]
+            )
+            port = self.lane.address.rsplit(":", 1)[1]
+            self.lane_address = f"{edge.split_address(self.address)[0]}:{port}"
         self._main = asyncio.create_task(self._run())
         log.info(
             "event=master_started role=follower address=%s cluster=%s etcd=%s prefix=%s",
@@ -286,6 +297,8 @@ class HAMaster:
             self._main.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._main
+        if self.lane is not None:
+            await self.lane.stop()
         if self.edge is not None:
             await self.edge.stop(grace_s)
         await self.coord.close()
@@ -371,6 +384,7 @@ class HAMaster:
         state = MasterState(self.config, journal=journal)
         restored = state.restore()
         servicer = MasterServicer(state, str(epoch))
+        servicer.fast_lane = self.lane_address  # Stats tells clients where it is
         self.state, self.journal, self.epoch = state, journal, epoch
         self._leader_tasks = [
             asyncio.create_task(journal.run()),

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from kvstore import fastlane
 from kvstore.client import Client
 from kvstore.errors import NotLeaderError
 from kvstore.master.config import MasterConfig
@@ -138,3 +139,26 @@ def test_async_client_follows_the_leader(masters: Any) -> None:
             assert new.state is not None and "b" in new.state.objects
 
     asyncio.run(go())
+
+
+def test_clients_use_the_leaders_fast_lane_and_follow_it(
+    masters: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastlane, "RETRY_AFTER_S", 0.0)  # probe again at the next call
+    _, ms, _ = masters
+    old = wait_leader(ms)
+    assert all(m.lane_address for m in ms)
+    addresses = ",".join(m.address for m in ms)
+    with Client(addresses, segment_bytes=4 << 20, failover_timeout_s=10) as c:
+        c.put("a", b"1" * 100)
+        assert c._router.lane is not None and c._router.lane.address == old.lane_address
+        old.coord.cut = True
+        deadline = time.monotonic() + 5
+        while old.serving() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        new = wait_leader(ms, not_=old)
+        c.put("b", b"2" * 100)  # the old leader's lane refuses it: gRPC follows the leader
+        assert c._router.fallbacks >= 1
+        assert c.get("b") == b"2" * 100 and c.get("a") == b"1" * 100
+        assert c._router.lane is not None and c._router.lane.address == new.lane_address
+        new.state.check_integrity()
