@@ -102,15 +102,16 @@ def print_locality(loc: dict) -> None:
 
 
 def print_online(o: dict) -> None:
-    print(f"\n== online role flips: {o['first']}, then {o['second']} ==")
-    for name in ("static", "online"):
-        h = o[name]
-        print(
-            f"  {name:<7} from split {o['start_split']}: attainment first half {h['first']:.1%}, "
-            f"second half {h['second']:.1%}, all {h['all']:.1%}"
-        )
-    flips = ", ".join(f"{f['node']}->{f['role']} at {f['t']:.0f}s" for f in o["flips"]) or "none"
-    print(f"  flips: {flips}")
+    for sc in o["scenarios"]:
+        print(f"\n== online role flips ({sc['name']}): {sc['first']}, then {sc['second']} ==")
+        for name in ("static", "online"):
+            h = sc[name]
+            print(
+                f"  {name:<7} from split {sc['start_split']}: attainment first half "
+                f"{h['first']:.1%}, second half {h['second']:.1%}, all {h['all']:.1%}"
+            )
+        flips = ", ".join(f"{f['node']}->{f['role']} at {f['t']:.0f}s" for f in sc["flips"])
+        print(f"  flips: {flips or 'none'}")
 
 
 def print_hardware(hw: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from kvstore.conductor.planner import SplitChoice
 from kvstore.conductor.profiles import load_profile
@@ -238,26 +238,46 @@ def shifted_mix(first: TraceLoad, second: TraceLoad, at_s: float) -> TraceLoad:
 
 
 def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
-    """A mix that shifts mid-run (the trace's window, then the shipped Azure conversation
-    trace's short prompts): the planner's split for the first half held fixed vs the same
-    split with the online balancer flipping roles."""
+    """Mixes that shift mid-run, each served twice in the same run: from the planner's
+    split for the first half held fixed, and from that split with the online balancer
+    flipping roles (its evaluator: the simulator, `balancer_control`). The first half is
+    the trace's window; the second half the shipped Azure conversation trace's short
+    prompts, as they are ("lighter") and at `--online-decode-scale` x the rate with
+    outputs that many times longer ("decode-heavy")."""
     from kvstore.conductor.profiles import data_dir
 
     sv = Serving(load, args)
     half = args.window_s / 2
     first = scale_rate(window(sv.win.serve, 0.0, half), args.online_scale)
     azure = read_trace(data_dir() / "azure_conv_2023.csv")
-    second = window(azure, 0.0, half)
-    mix = shifted_mix(first, second, half)
+    x = args.online_decode_scale
+    heavy = scale_rate(window(azure, 0.0, half * x), x)
+    heavy = TraceLoad(tuple(replace(r, output_len=int(r.output_len * x)) for r in heavy.requests))
     rate = len(first.requests) / half
     start = sv.plan(rate).prefill_nodes or max(args.gpus // 2, 1)
+    scenarios = [
+        ("lighter", window(azure, 0.0, half), "Azure conversation requests"),
+        ("decode-heavy", heavy, f"Azure conversation requests at {x:g}x rate, {x:g}x outputs"),
+    ]
+    out = []
+    for name, second, what in scenarios:
+        row = _shift(sv, first, second, half, start)
+        row.update(name=name, first=f"{len(first.requests)} requests of the trace "
+                   f"({rate:.2f} req/s)", second=f"{len(second.requests)} {what}")  # fmt: skip
+        out.append(row)
+    return {"scenarios": out}
+
+
+def _shift(sv: Serving, first: TraceLoad, second: TraceLoad, half: float, start: int) -> dict:
+    """One shifting mix: static split vs online flips (same requests, same run)."""
+    mix = shifted_mix(first, second, half)
     balancer = RoleBalancer(
         sv.pool.latency, sv.slo.tbt_s, sv.pool.kv_capacity_tokens,
-        BalancerConfig(period_s=args.online_period_s),
+        BalancerConfig(period_s=sv.args.online_period_s), transfer=sv.pool.transfer,
     )  # fmt: skip
     static = run_split(mix, sv.pool, start, "flexible", sv.slo)
     flips: list[tuple[float, str, str]] = []
-    control = balancer_control(balancer, sv.slo)
+    control = balancer_control(balancer, sv.slo, sv.pool, "flexible")
 
     def record(cluster, seen):  # type: ignore[no-untyped-def]
         before = len(cluster.role_changes)
@@ -269,13 +289,12 @@ def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
     )
     cut = len(first.requests)
     return {
-        "first": f"{len(first.requests)} requests of the trace ({rate:.2f} req/s)",
-        "second": f"{len(second.requests)} Azure conversation requests",
         "start_split": start,
         "static": _halves(static, cut, sv.slo),
         "online": _halves(adaptive, cut, sv.slo),
         "flips": [{"t": t, "node": n, "role": r} for t, n, r in flips],
         "history": balancer.history,
+        "verdicts": [asdict(v) for v in balancer.verdicts],
     }
 
 

@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS), help=f"which parts: {','.join(PARTS)}")
     p.add_argument("--online-scale", type=float, default=1.0, help="rate factor, first half")
     p.add_argument("--online-period-s", type=float, default=30.0, help="balancer period")
+    shift_help = "decode-heavy shift: rate and output factor of the second half"
+    p.add_argument("--online-decode-scale", type=float, default=4.0, help=shift_help)
     p.add_argument("--machines", type=int, default=8, help="DGX machines, hardware part")
     p.add_argument(
         "--no-hw-search",

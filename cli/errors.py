@@ -20,6 +20,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 from kvstore import errors
 
@@ -83,3 +84,90 @@ def guarded(prog: str, handler: Callable[[argparse.Namespace], int | None]) -> C
 
     run.guarded = True  # type: ignore[attr-defined]
     return run
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line and exit code 2 (argparse prints the usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(USAGE)
+
+
+def debugging() -> bool:
+    """KVSTORE_DEBUG=1: tracebacks and grpc's own logs are wanted."""
+    import os
+
+    return os.environ.get("KVSTORE_DEBUG", "") not in ("", "0")
+
+
+def quiet_grpc() -> None:
+    """Before grpc is imported: grpc's C core logs a failed bind itself; the line a service
+    prints about it is ours (KVSTORE_DEBUG=1 keeps grpc's)."""
+    import os
+
+    if not debugging():
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def check_listen(listen: str) -> None:
+    """UnavailableError when HOST:PORT cannot be bound now (in use, or no such address):
+    checked with a plain socket before grpc tries, so the failure is one line."""
+    import socket
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise errors.BadRequestError(f"bad listen address {listen!r}, want HOST:PORT")
+    if int(port) == 0:
+        return
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, int(port)))
+        except OSError as exc:
+            raise errors.UnavailableError(f"cannot listen on {listen!r}: {exc.strerror}") from None
+
+
+def wait_reachable(addresses: str, timeout_s: float) -> None:
+    """Until one of `addresses` (HOST:PORT[,HOST:PORT...]) accepts a TCP connection;
+    UnavailableError naming them after `timeout_s`."""
+    import socket
+    import time
+
+    targets = [a.strip() for a in addresses.split(",") if a.strip()]
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        for target in targets:
+            host, _, port = target.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                    return
+            except (OSError, ValueError) as exc:
+                last = getattr(exc, "strerror", None) or str(exc)
+        if time.monotonic() >= deadline:
+            raise errors.UnavailableError(
+                f"master {addresses} unreachable after {timeout_s:g} s ({last})"
+            )
+        time.sleep(0.2)
+
+
+def entry_point(prog: str, run: Callable[[], int | None]) -> int:
+    """A `python -m ...` service's main: any failure of `run` becomes one line on stderr
+    (`prog: <message>`) and the exit code above; a traceback only with KVSTORE_DEBUG=1."""
+    try:
+        return int(run() or 0)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if debugging():
+            traceback.print_exc()
+        code = exit_code(exc)
+        if code == INTERRUPTED:
+            return code
+        hint = "" if code != FAILED else " (KVSTORE_DEBUG=1 for the traceback)"
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{prog}: {type(exc).__name__}: {text}{hint}", file=sys.stderr, flush=True)
+        return code

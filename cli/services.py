@@ -3,7 +3,7 @@
     kvstore master --listen 127.0.0.1:50051 [--db PATH] [--config kvstore.toml] \
         [--metrics-listen 127.0.0.1:9100]
     kvstore node --master 127.0.0.1:50051 --listen 127.0.0.1:0 --dram-mib 256 \
-        [--ssd-dir DIR --ssd-mib 1024] [--config kvstore.toml]
+        [--ssd-dir DIR --ssd-mib 1024] [--config kvstore.toml] [--metrics-listen 127.0.0.1:9101]
     kvstore tiers --master 127.0.0.1:50051 [--json]
 
 Settings come from the TOML file's [master] / [node] section, then KVSTORE_MASTER_* /
@@ -63,6 +63,7 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--hbm-mib", type=float, default=None, help="device memory lent (0 = none)")
     p.add_argument("--hbm-device", default=None, help="torch device of the HBM segment (cuda)")
+    p.add_argument("--metrics-listen", default=None, help="HOST:PORT of /metrics (none: off)")
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(handler=guarded("kvstore node", run_node_cmd))
 
@@ -133,14 +134,14 @@ def node_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_node_cmd(args: argparse.Namespace) -> int:
     from kvstore.config import load
-    from kvstore.node import run_node
+    from kvstore.node.__main__ import run_with_metrics
 
     eff = load(args.config).section("node", node_flags(args))
     config = eff.build(master=cli_settings(args).master)
     if config.ssd_dir is not None and not os.path.isdir(config.ssd_dir):
         raise BadRequestError(f"--ssd-dir {config.ssd_dir!r} is not a directory")
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
-    run_node(config)
+    run_with_metrics(config, args.metrics_listen)
     return 0
 
 

@@ -7,7 +7,7 @@ every process cleanly, newest first, and removes the SSD directory it made.
                [--conductor-listen 127.0.0.1:7000] [--metrics-port 9100]
 
 `--metrics-port P` serves /metrics of the master on P, the prefill node on P+1, the
-decode node on P+2 and the conductor on P+3 (127.0.0.1).
+decode node on P+2, the conductor on P+3 and the storage node on P+4 (127.0.0.1).
 
 The last line printed is "kvstore up: ready; conductor HOST:PORT master HOST:PORT":
 scripts wait for it. Each process's stderr goes to a log file in the printed log dir.
@@ -40,14 +40,14 @@ class UpConfig:
     ssd_dir: str = ""  # "": a temporary directory, removed at exit
     conductor_listen: str = "127.0.0.1:0"
     policy: str = "cache_load"
-    metrics_port: int = 0  # master P, prefill P+1, decode P+2, conductor P+3; 0 = off
+    metrics_port: int = 0  # master P, prefill P+1, decode P+2, conductor P+3, store P+4; 0 = off
     log_dir: str = ""  # "": a temporary directory, kept and printed
 
     def __post_init__(self) -> None:
         if self.dram_mib <= 0 or self.ssd_mib < 0:
             raise BadRequestError("up.dram_mib must be > 0 and up.ssd_mib >= 0")
-        if not 0 <= self.metrics_port <= 65532:
-            raise BadRequestError(f"up.metrics_port must be in 0..65532, got {self.metrics_port}")
+        if not 0 <= self.metrics_port <= 65531:
+            raise BadRequestError(f"up.metrics_port must be in 0..65531, got {self.metrics_port}")
         if self.model not in ("tiny", "small"):
             raise BadRequestError(f"up.model must be tiny or small, got {self.model!r}")
 
@@ -122,6 +122,8 @@ def _start(procs: Any, config: UpConfig, ssd_dir: str) -> tuple[str, str, str, s
     store = storage_argv(master, config.dram_mib, f"store-{os.getpid()}")
     if config.ssd_mib:
         store += ["--ssd-dir", ssd_dir, "--ssd-mib", str(config.ssd_mib)]
+    if config.metrics_port:
+        store += ["--metrics-listen", f"127.0.0.1:{config.metrics_port + 4}"]
     prefill_argv = serving_argv("prefill_node", model=config.model, master=master)
     decode_argv = serving_argv(
         "decode_node", model=config.model, master=master, extra=["--on-finish", "publish"]
@@ -164,7 +166,7 @@ def _announce(
         f"logs       {log_dir}",
         *(
             [f"metrics    http://127.0.0.1:{config.metrics_port}/metrics (master; +1 prefill, "
-             "+2 decode, +3 conductor)"]
+             "+2 decode, +3 conductor, +4 storage node)"]
             if config.metrics_port else []
         ),
         f'try:       kvstore generate "Hello" --conductor {conductor} --stats',

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.errors import BadRequestError
 from kvstore.rpc_errors import translate
 from kvstore.serving import convert
 from kvstore.serving.config import ServingConfig, build_engine
@@ -109,6 +109,11 @@ class DecodeServicer(serving_pb2_grpc.DecodeServiceServicer):
         out.requests_done, out.requests_failed = s.done, s.failed
         return out
 
+    def queue_depths(self) -> dict[str, int]:
+        """The /metrics gauges: sequences in the running batch, and those waiting."""
+        s = self.scheduler.stats()
+        return {"decode_batch": s.running, "decode_waiting": s.waiting}
+
     def close(self) -> None:
         self.scheduler.stop()
 
@@ -124,12 +129,17 @@ async def serve(
         listen,
         lambda s: serving_pb2_grpc.add_DecodeServiceServicer_to_server(servicer, s),
         [SERVICE_NAME],
+        queue_depth=servicer.queue_depths,
     )
     return node, servicer
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="decode_node", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The process: bad input (a flag, a port in use, an unreachable master) is one line
+    on stderr and the `kvstore` command's exit code (cli/errors.py)."""
+    from cli.errors import OneLineParser, entry_point
+
+    parser = OneLineParser(prog="python -m decode_node", description=__doc__.splitlines()[0])
     add_common_args(parser)
     add = parser.add_argument
     add("--colocated", action="store_true", help="serve Generate for any prompt (baseline)")
@@ -143,20 +153,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     add("--max-batch", type=int, default=64)
     args = parser.parse_args(argv)
-    role = "colocated" if args.colocated else "decode"
-    try:
-        process_config(args).apply()
-        config = serving_config(
-            args,
-            role,
-            local_prefill_tokens=args.local_prefill_tokens,
-            on_missing=args.on_missing,
-            on_finish=args.on_finish,
-            max_batch=args.max_batch,
-        )
-        store = open_store(args, config.node_id)
-    except (KVStoreError, OSError, ValueError) as exc:
-        parser.error(str(exc))
+    return entry_point(f"{'colocated' if args.colocated else 'decode'} node", lambda: _run(args))
 
+
+def _run(args: argparse.Namespace) -> int:
+    from cli.errors import check_listen, wait_reachable
+
+    role = "colocated" if args.colocated else "decode"
+    process_config(args).apply()
+    config = serving_config(
+        args,
+        role,
+        local_prefill_tokens=args.local_prefill_tokens,
+        on_missing=args.on_missing,
+        on_finish=args.on_finish,
+        max_batch=args.max_batch,
+    )
+    check_listen(args.listen)
+    if args.master:
+        wait_reachable(args.master, args.master_wait_s)
+    store = open_store(args, config.node_id)
     segment = bool(args.master and (args.segment_bytes or args.hbm_segment_bytes))
     serve_until_signal(role, lambda: serve(config, store, args.listen, segment), store)
+    return 0

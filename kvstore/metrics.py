@@ -11,7 +11,14 @@ What is exported:
   `_bytes_out_total`, and the tier-move counters (`_offloads_in_total`,
   `_promotions_in_total`, `_corrupt_total`: read with a default of 0, so a master core
   without them exports zeros); pool totals `kvstore_pool_*`; nodes alive and heartbeat ages;
-- serving nodes and the conductor (`ServingMetrics`): TTFT and TBT histograms, queue depth.
+- serving nodes and the conductor (`ServingMetrics`): TTFT and TBT histograms;
+- queue depths, `kvstore_queue_depth{queue}`: a prefill node's `prefill_waiting` /
+  `prefill_running` (`QueueCollector`), a decode node's `decode_batch` (sequences in the
+  running batch) / `decode_waiting`, the master's tier moves `master_moves_pending` /
+  `master_moves_inflight`, the conductor's in-flight `prefill` / `decode`
+  (`ConductorCollector`, with the vLLM fleet's KV-event counts);
+- a storage node (`NodeCollector`, `kvstore node --metrics-listen`): its segments'
+  capacity and use, transfers served, tier moves done and failed.
 
 A collector runs on the HTTP server's thread; the master's state belongs to its asyncio
 loop, so `MasterCollector` reads a snapshot computed on that loop (`on_loop`).
@@ -104,10 +111,45 @@ class ServingMetrics:
         yield from self.ttft.collect()
         yield from self.tbt.collect()
         if self.queue_depth is not None:
-            g = GaugeMetricFamily("kvstore_queue_depth", "requests waiting", labels=["queue"])
-            for name, depth in sorted(self.queue_depth().items()):
-                g.add_metric([name], depth)
-            yield g
+            yield _queue_gauge(self.queue_depth())
+
+
+class ConductorCollector:
+    """The conductor's queues (`kvstore_queue_depth{queue="prefill"|"decode"}`: prefills
+    and decode streams it has in flight) and, per vLLM engine, the KV events it ingested
+    (`kvstore_kv_events_total{engine,kind}`) and the blocks it believes the engine holds
+    (`kvstore_kv_event_blocks{engine}`). Both callables run on the scrape thread and only
+    read plain counters."""
+
+    def __init__(
+        self,
+        queue_depth: Callable[[], dict[str, int]],
+        event_counts: Callable[[], dict[str, dict[str, int]]] = dict,
+    ) -> None:
+        self.queue_depth, self.event_counts = queue_depth, event_counts
+
+    def collect(self) -> Iterator[Metric]:
+        yield _queue_gauge(self.queue_depth())
+        counts = self.event_counts()
+        events = CounterMetricFamily(
+            "kvstore_kv_events", "vLLM KV events ingested", labels=["engine", "kind"]
+        )
+        held = GaugeMetricFamily(
+            "kvstore_kv_event_blocks", "blocks an engine holds, by its events", labels=["engine"]
+        )
+        for engine, c in sorted(counts.items()):
+            for kind in ("stored", "removed", "cleared", "bad", "batches"):
+                events.add_metric([engine, kind], c.get(kind, 0))
+            held.add_metric([engine], c.get("held", 0))
+        yield events
+        yield held
+
+
+def _queue_gauge(depths: dict[str, int]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily("kvstore_queue_depth", "requests waiting or in flight", labels=["queue"])
+    for name, depth in sorted(depths.items()):
+        g.add_metric([name], depth)
+    return g
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
@@ -129,13 +171,17 @@ class MasterCollector:
     def for_state(cls, state: Any, loop: asyncio.AbstractEventLoop) -> MasterCollector:
         from kvstore.master import queries
 
-        return cls(lambda: on_loop(loop, lambda: (queries.stats(state), state.clock())))
+        return cls(
+            lambda: on_loop(loop, lambda: (queries.stats(state), state.clock(), _moves(state)))
+        )
 
     def collect(self) -> Iterator[Metric]:
         try:
-            stats, now = self.snapshot()
+            stats, now, *rest = self.snapshot()
         except Exception:  # the loop is stopping: export nothing rather than fail the scrape
             return
+        if rest:  # the tier moves queued for the nodes and handed to them, not yet done
+            yield _queue_gauge(rest[0])
         yield from _segment_metrics(stats.segments)
         yield from _pool_metrics(stats)
         ages = GaugeMetricFamily(
@@ -145,6 +191,59 @@ class MasterCollector:
             ages.add_metric([n.node_id], max(0.0, now - n.last_heartbeat))
         yield ages
         yield GaugeMetricFamily("kvstore_nodes", "nodes alive", value=len(stats.nodes))
+
+
+def _moves(state: Any) -> dict[str, int]:
+    tiering = getattr(state, "tiering", None)
+    if tiering is None:
+        return {}
+    pending = sum(len(q) for q in tiering.pending.values())
+    return {"master_moves_pending": pending, "master_moves_inflight": len(tiering.inflight)}
+
+
+class QueueCollector:
+    """`kvstore_queue_depth{queue}` of a serving node: `depths` (a callable run on the scrape
+    thread; it must only read counters under their own locks)."""
+
+    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
+        self.depths = depths
+
+    def collect(self) -> Iterator[Metric]:
+        yield _queue_gauge(self.depths())
+
+
+class NodeCollector:
+    """A storage node's own view (`kvstore node --metrics-listen`): the bytes each lent
+    segment has (`kvstore_node_segment_bytes{node,tier,segment}`), the data-plane
+    connections it serves, and the master's tier moves it ran (`kvstore_node_moves_total
+    {node,outcome}`). The pool-wide use of each segment is the master's
+    `kvstore_tier_used_bytes`."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node_id = self.node.config.node_id
+        sizes = GaugeMetricFamily(
+            "kvstore_node_segment_bytes", "bytes a segment lends", labels=_SEG_LABELS
+        )
+        for seg in self.node.lent():
+            tier = getattr(seg, "tier", None)
+            sizes.add_metric([node_id, getattr(tier, "name", "SSD"), seg.name], seg.size)
+        yield sizes
+        conns = GaugeMetricFamily(
+            "kvstore_node_connections", "data-plane connections served", labels=["node"]
+        )
+        conns.add_metric([node_id], self.node.server.connection_count())
+        yield conns
+        moves = CounterMetricFamily(
+            "kvstore_node_moves", "tier moves run for the master", labels=["node", "outcome"]
+        )
+        worker = self.node.worker
+        done, failed = (worker.done, worker.failed) if worker is not None else (0, 0)
+        moves.add_metric([node_id, "done"], done - failed)
+        moves.add_metric([node_id, "failed"], failed)
+        yield moves
 
 
 _SEG_LABELS = ["node", "tier", "segment"]

@@ -15,7 +15,7 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import BadRequestError
 from kvstore.rpc_errors import translate
 from kvstore.serving import convert
 from kvstore.serving.config import ServingConfig, build_engine
@@ -91,6 +91,11 @@ class PrefillServicer(serving_pb2_grpc.PrefillServiceServicer):
         out.requests_done, out.requests_failed = self._done, self._failed
         return out
 
+    def queue_depths(self) -> dict[str, int]:
+        """The /metrics gauges: prefills waiting for the compute thread, and running."""
+        q = self.queue.counts()
+        return {"prefill_waiting": q.waiting, "prefill_running": q.running}
+
     def start_sweeper(self) -> None:
         """Sweep expired tails every quarter TTL (at most every 10 s), off the loop."""
         if self.worker.tails is not None:
@@ -127,24 +132,35 @@ async def serve(
         listen,
         lambda s: serving_pb2_grpc.add_PrefillServiceServicer_to_server(servicer, s),
         [SERVICE_NAME],
+        queue_depth=servicer.queue_depths,
     )
     return node, servicer
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="prefill_node", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """The process: bad input (a flag, a port in use, an unreachable master) is one line
+    on stderr and the `kvstore` command's exit code (cli/errors.py)."""
+    from cli.errors import OneLineParser, entry_point
+
+    parser = OneLineParser(prog="python -m prefill_node", description=__doc__.splitlines()[0])
     add_common_args(parser)
     ttl_help = "remove a handed-off tail block not consumed within this many s (0: never)"
     parser.add_argument("--tail-ttl-s", type=float, default=600.0, help=ttl_help)
     args = parser.parse_args(argv)
-    try:
-        process_config(args).apply()
-        config = serving_config(args, "prefill", tail_ttl_s=args.tail_ttl_s)
-        store = open_store(args, config.node_id)
-    except (KVStoreError, OSError, ValueError) as exc:
-        parser.error(str(exc))
-    if store is None:
-        parser.error("a prefill node needs --master (or --local-store-bytes)")
+    return entry_point("prefill node", lambda: _run(args))
 
+
+def _run(args: argparse.Namespace) -> int:
+    from cli.errors import check_listen, wait_reachable
+
+    process_config(args).apply()
+    config = serving_config(args, "prefill", tail_ttl_s=args.tail_ttl_s)
+    check_listen(args.listen)
+    if args.master:
+        wait_reachable(args.master, args.master_wait_s)
+    store = open_store(args, config.node_id)
+    if store is None:
+        raise BadRequestError("a prefill node needs --master (or --local-store-bytes)")
     segment = bool(args.master and (args.segment_bytes or args.hbm_segment_bytes))
     serve_until_signal("prefill", lambda: serve(config, store, args.listen, segment), store)
+    return 0

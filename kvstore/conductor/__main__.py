@@ -10,6 +10,17 @@ layers, block size, object shape) and each decode node's local-prefill limit are
 read from the nodes' Stats; --seed, --batched/--no-batched, --kv-objects and
 --local-prefill-tokens override them (a node that differs from a stated value is
 refused and logged).
+
+A vLLM fleet (routed by the KV events each engine publishes; see docs/engines.md):
+
+    python -m kvstore.conductor --listen 127.0.0.1:7000 \
+        --vllm http://127.0.0.1:8001,http://127.0.0.1:8002 \
+        --kv-events tcp://127.0.0.1:5557,tcp://127.0.0.1:5567 --vllm-block-size 16
+
+--config FILE reads the [conductor] section of a TOML file (lists for vllm and
+kv_events); flags given on the command line override it. Bad input (an unknown
+policy, a port in use, a malformed engine URL) ends in one line on stderr and the
+`kvstore` command's exit codes (2 usage, 4 unavailable), no traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +31,10 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kvstore.conductor.profiles import DEFAULT_PROFILE
 from kvstore.conductor.service_config import ConductorConfig
-from kvstore.errors import KVStoreError
 
 
 def _addresses(text: str) -> tuple[str, ...]:
@@ -31,7 +42,9 @@ def _addresses(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvstore.conductor", description=__doc__)
+    from cli.errors import OneLineParser
+
+    p = OneLineParser(prog="python -m kvstore.conductor", description=__doc__)
     add = p.add_argument
     add("--listen", default="127.0.0.1:0", help="host:port (port 0 picks a free one)")
     add("--master", default="", help="master host:port (prefix matches); none: load only")
@@ -51,11 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--local-prefill-tokens", type=int, default=None, help=local_help)
     add("--refresh-s", type=float, default=1.0, help="how often to refresh node Stats")
     add("--timeout-s", type=float, default=60.0, help="deadline of each node call")
+    add("--vllm", default="", help="vLLM OpenAI servers, [NAME=]http://HOST:PORT,...")
+    add("--kv-events", default="", help="each vLLM engine's KV-event PUB endpoint, same order")
+    add("--kv-events-replay", default="", help="each engine's ROUTER replay endpoint, same order")
+    add("--kv-events-topic", default="", help="KV-event topic the engines publish on")
+    add("--vllm-model", default="", help='the model id of the vLLM fleet ("": any request)')
+    add("--vllm-block-size", type=int, default=16, help="the engines' --block-size")
+    add("--vllm-hash", default="sha256", help="the engines' --prefix-caching-hash-algo")
+    add("--vllm-hash-seed", default=None, help="the engines' PYTHONHASHSEED (default: unset)")
+    add("--master-wait-s", type=float, default=10.0, help="wait at start for the master")
+    add("--config", default=None, help="TOML file; its [conductor] section, under the flags")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> ConductorConfig:
-    return ConductorConfig(
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """ConductorConfig fields from the flags (all of them, defaults included)."""
+    return dict(
         listen=args.listen,
         master=args.master,
         prefill=_addresses(args.prefill),
@@ -70,7 +94,31 @@ def config_from_args(args: argparse.Namespace) -> ConductorConfig:
         local_prefill_tokens=args.local_prefill_tokens,
         refresh_s=args.refresh_s,
         rpc_timeout_s=args.timeout_s,
+        vllm=_addresses(args.vllm),
+        kv_events=_addresses(args.kv_events),
+        kv_events_replay=_addresses(args.kv_events_replay),
+        kv_events_topic=args.kv_events_topic,
+        vllm_model=args.vllm_model,
+        vllm_block_size=args.vllm_block_size,
+        vllm_hash=args.vllm_hash,
+        vllm_hash_seed=args.vllm_hash_seed,
     )
+
+
+def config_from_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser | None = None
+) -> ConductorConfig:
+    """The flags' configuration; with --config, the file's [conductor] section overridden
+    by the flags that differ from their defaults."""
+    values = flag_values(args)
+    if not getattr(args, "config", None):
+        return ConductorConfig(**values)
+    from kvstore.config import load
+
+    parser = parser or build_parser()
+    defaults = flag_values(parser.parse_args([]))
+    given = {k: v for k, v in values.items() if v != defaults[k]}
+    return load(args.config).section("conductor", given).build()  # type: ignore[no-any-return]
 
 
 async def _serve(config: ConductorConfig) -> None:
@@ -89,12 +137,21 @@ async def _serve(config: ConductorConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cli.errors import entry_point, quiet_grpc
+
+    quiet_grpc()  # before grpc loads (the server module imports it)
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except KVStoreError as exc:
-        parser.error(str(exc))
+    return entry_point("kvstore conductor", lambda: _main(args, parser))
+
+
+def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from cli.errors import check_listen, wait_reachable
+
+    config = config_from_args(args, parser)
+    check_listen(config.listen)
+    if config.master:
+        wait_reachable(config.master, args.master_wait_s)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(config))
     return 0

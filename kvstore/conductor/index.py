@@ -98,6 +98,11 @@ class MatchAnswerIndex:
         self.pool_length = max([pool_length, *(r.length for r in self.runs)])
         self.spread_tier = spread_tier
 
+    def capped(self, limit: int) -> MatchAnswerIndex:
+        """The same answer, counting at most the first `limit` blocks."""
+        runs = [Run(r.node_id, r.tier, min(r.length, limit)) for r in self.runs]
+        return MatchAnswerIndex(runs, min(self.pool_length, limit), self.spread_tier)
+
     def _fastest(self, block: int, node_id: str | None, mine: bool) -> Tier | None:
         tiers = [
             r.tier

@@ -163,6 +163,10 @@ class Ledger:
             hands_off=info.role == Role.PREFILL,
         )
 
+    def node_ids(self) -> list[str]:
+        """Every node the ledger has counted work for."""
+        return list(self._nodes)
+
     def idle(self) -> bool:
         """Nothing is in flight anywhere."""
         return not any(n.prefills or n.decodes for n in self._nodes.values())

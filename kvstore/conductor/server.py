@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import grpc
 
 from kvstore import edge
+from kvstore.conductor.fleet import EngineFleet
 from kvstore.conductor.nodes import NodeDirectory
 from kvstore.conductor.rpc import GRPC_OPTIONS
 from kvstore.conductor.service import ConductorServicer
 from kvstore.conductor.service_config import ConductorConfig
+from kvstore.metrics import ConductorCollector
 from kvstore.v1 import conductor_pb2_grpc, master_pb2_grpc
 
 SERVICE_NAME = "kvstore.v1.Conductor"
@@ -34,6 +36,7 @@ class ConductorServer:
     directory: NodeDirectory
     master_channel: grpc.aio.Channel | None
     refresher: asyncio.Task[None]
+    fleet: EngineFleet | None = None
 
     async def stop(self, grace_s: float = 0.5) -> None:
         self.refresher.cancel()
@@ -41,6 +44,8 @@ class ConductorServer:
             await self.refresher
         await self.server.stop(grace_s)
         await self.directory.close()
+        if self.fleet is not None:
+            self.fleet.close()
         if self.master_channel is not None:
             await self.master_channel.close()
 
@@ -54,21 +59,35 @@ async def start(config: ConductorConfig) -> ConductorServer:
     if config.master:
         master_channel = grpc.aio.insecure_channel(config.master, options=GRPC_OPTIONS)
         master = master_pb2_grpc.MasterStub(master_channel)
-    servicer = ConductorServicer(config, directory, master)
+    fleet = config.fleet().start() if config.vllm else None  # KV-event ingesters
+    servicer = ConductorServicer(config, directory, master, fleet)
     servicer.warm_up()
+    if servicer.fleet_runner is not None:
+        await servicer.fleet_runner.refresh_health()
     # kvstore.edge: health, reflection, RPC latency + TTFT/TBT histograms, and /metrics
-    # when KVSTORE_METRICS_LISTEN is set
-    started = await edge.start_server(
-        config.listen,
-        lambda s: conductor_pb2_grpc.add_ConductorServicer_to_server(servicer, s),
-        [SERVICE_NAME],
-        component="conductor",
+    # when KVSTORE_METRICS_LISTEN is set (with the queue gauges and the KV-event counts)
+    try:
+        started = await edge.start_server(
+            config.listen,
+            lambda s: conductor_pb2_grpc.add_ConductorServicer_to_server(servicer, s),
+            [SERVICE_NAME],
+            component="conductor",
+            collectors=[ConductorCollector(servicer.queue_depths, servicer.event_counts)],
+        )
+    except BaseException:
+        await directory.close()
+        if fleet is not None:
+            fleet.close()
+        raise
+    refresher = asyncio.create_task(_refresh_forever(servicer, config.refresh_s))
+    return ConductorServer(
+        started.server, started.address, directory, master_channel, refresher, fleet
     )
-    refresher = asyncio.create_task(_refresh_forever(directory, config.refresh_s))
-    return ConductorServer(started.server, started.address, directory, master_channel, refresher)
 
 
-async def _refresh_forever(directory: NodeDirectory, every_s: float) -> None:
+async def _refresh_forever(servicer: ConductorServicer, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
-        await directory.refresh()
+        await servicer.directory.refresh()
+        if servicer.fleet_runner is not None:
+            await servicer.fleet_runner.refresh_health()

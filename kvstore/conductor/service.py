@@ -30,6 +30,8 @@ import grpc
 from kvstore.conductor.api import ClusterView, Decision, Request
 from kvstore.conductor.base import PolicyBase
 from kvstore.conductor.errors import RejectedError
+from kvstore.conductor.fleet import EngineFleet
+from kvstore.conductor.fleet_service import FleetRunner
 from kvstore.conductor.index import MatchAnswerIndex, Run
 from kvstore.conductor.ledger import Ledger
 from kvstore.conductor.nodes import NodeDirectory, NodeEntry
@@ -38,6 +40,7 @@ from kvstore.conductor.profiles import load_profile
 from kvstore.conductor.registry import POLICIES, make_policy
 from kvstore.conductor.rpc import GRPC_OPTIONS, rpc_error
 from kvstore.conductor.service_config import ConductorConfig
+from kvstore.conductor.tenants import TenantBook, tenant_of
 from kvstore.errors import KVStoreError, UnavailableError
 from kvstore.rpc_errors import status_for
 from kvstore.types import Tier
@@ -56,6 +59,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         config: ConductorConfig,
         directory: NodeDirectory,
         master: master_pb2_grpc.MasterStub | None,
+        fleet: EngineFleet | None = None,
     ) -> None:
         self.config = config
         self.directory = directory
@@ -64,24 +68,30 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         self.counters = Counters()
         self._profile = load_profile(config.profile)
         self._policies: dict[str, PolicyBase] = {}
+        self._fleet_policies: dict[str, PolicyBase] = {}
+        self.tenants = TenantBook()  # policies keep per-cluster state
+        self.fleet_runner = (
+            None if fleet is None else FleetRunner(fleet, self.ledger, config.rpc_timeout_s)
+        )
 
     def warm_up(self) -> None:
         """Build the default policy and load the tokenizer and namespaces before serving."""
         self.policy("")
         from kvstore.serving import convert  # noqa: F401  (imports torch once, up front)
 
-    def policy(self, name: str) -> PolicyBase:
-        """The (stateful) policy instance of `name` ("" = the default); BadRequestError
-        listing the valid names for an unknown one."""
+    def policy(self, name: str, fleet: bool = False) -> PolicyBase:
+        """The (stateful) policy instance of `name` ("" = the default) for the kvstore
+        nodes or the vLLM fleet; BadRequestError listing the valid names for an unknown one."""
         name = name or self.config.policy
-        if name not in self._policies:
-            self._policies[name] = make_policy(
+        policies = self._fleet_policies if fleet else self._policies
+        if name not in policies:
+            policies[name] = make_policy(
                 name,
                 latency=self._profile.latency,
                 transfer=self._profile.transfer,
                 tbt_budget_s=self.config.tbt_budget_s,
             )
-        return self._policies[name]
+        return policies[name]
 
     async def Generate(
         self, request: cpb.ConductorGenerateRequest, context: grpc.aio.ServicerContext
@@ -89,8 +99,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         arrival = time.perf_counter()
         self.counters.requests += 1
         try:
-            plan = await self._plan(request, arrival)
-            runner = self._run_local(plan) if plan.local else self._run_remote(plan)
+            runner = await self._placed(request, context, arrival)
             async with contextlib.aclosing(runner):  # node calls end with this stream
                 async for message in runner:
                     yield message
@@ -103,6 +112,37 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
             self.counters.failed += 1
             await context.abort(status_for(exc), str(exc))
 
+    async def _placed(
+        self,
+        request: cpb.ConductorGenerateRequest,
+        context: grpc.aio.ServicerContext,
+        arrival: float,
+    ) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+        """Place the request; the token stream of where it runs."""
+        tenant = tenant_of(context.invocation_metadata())
+        fleet = self.fleet_runner
+        if fleet is not None and fleet.fleet.serves(request.spec.model_id):
+            policy = self.policy(request.policy, fleet=True)
+            self.counters.local_prefills += 1
+            return fleet.run(fleet.plan(request, policy, tenant, arrival))
+        plan = await self._plan(request, arrival, tenant)
+        return self._run_local(plan) if plan.local else self._run_remote(plan)
+
+    def queue_depths(self) -> dict[str, int]:
+        """In-flight prefills and decode streams over every node (the /metrics gauges)."""
+        now = time.perf_counter()
+        loads = [self.ledger.load(n, now) for n in self.ledger.node_ids()]
+        return {"prefill": sum(x.prefills for x in loads),
+                "decode": sum(x.decodes for x in loads)}  # fmt: skip
+
+    def event_counts(self) -> dict[str, dict[str, int]]:
+        """Per vLLM engine: KV events ingested (stored, removed, cleared) and blocks held."""
+        if self.fleet_runner is None:
+            return {}
+        return {engine: {"stored": s.stored, "removed": s.removed, "cleared": s.cleared,
+                         "held": len(s.held), "bad": s.bad, "batches": s.batches}
+                for engine, s in self.fleet_runner.fleet.event_stats().items()}  # fmt: skip
+
     async def ClusterStatus(
         self, request: cpb.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> cpb.ClusterStatusResponse:
@@ -110,7 +150,8 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         return cpb.ClusterStatusResponse(
             policy=self.config.policy,
             policies=sorted(POLICIES),
-            nodes=[self._node_status(e) for e in self.directory.entries],
+            nodes=[self._node_status(e) for e in self.directory.entries]
+            + (self.fleet_runner.status() if self.fleet_runner is not None else []),
             requests=c.requests,
             rejected=c.rejected,
             failed=c.failed,
@@ -139,7 +180,9 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
 
     # -- placement ---------------------------------------------------------------------
 
-    async def _plan(self, request: cpb.ConductorGenerateRequest, arrival: float) -> Plan:
+    async def _plan(
+        self, request: cpb.ConductorGenerateRequest, arrival: float, tenant: str = ""
+    ) -> Plan:
         from kvstore.serving.convert import request_from_spec
 
         policy = self.policy(request.policy)
@@ -154,6 +197,9 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         block_tokens = identity.block_tokens
         hashes = identity.hashes(prompt)
         index = await self._match(identity.keys(hashes))
+        # a named tenant's match counts only the blocks its own requests wrote (tenants.py)
+        index = index.capped(self.tenants.owned_prefix(tenant, hashes))
+        self.tenants.record(tenant, hashes)
         now = time.perf_counter()
         nodes = tuple(self.ledger.node_state(e.info, now) for e in entries if e.info)
         view = ClusterView(nodes, index, pooled=True, block_tokens=block_tokens)

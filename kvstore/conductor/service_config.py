@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvstore.conductor.fleet import EngineFleet, EngineSpec, VllmHashing, specs_from
 from kvstore.conductor.identity import KV_OBJECTS, IdentityOverrides
 from kvstore.conductor.profiles import DEFAULT_PROFILE, PROFILES
 from kvstore.conductor.registry import POLICIES
@@ -42,6 +43,17 @@ class ConductorConfig:
     refresh_s: float = 1.0
     rpc_timeout_s: float = 60.0
     match_timeout_s: float = 2.0
+    # a vLLM fleet (fleet.py): OpenAI servers "[NAME=]http://HOST:PORT", the KV-event PUB
+    # (and ROUTER replay) endpoint of each, in the same order, and how they hash blocks
+    vllm: tuple[str, ...] = ()
+    kv_events: tuple[str, ...] = ()
+    kv_events_replay: tuple[str, ...] = ()
+    kv_events_topic: str = ""
+    vllm_model: str = ""
+    vllm_block_size: int = 16
+    vllm_hash: str = "sha256"
+    vllm_hash_seed: str | None = None
+    vllm_kv_tokens: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -62,6 +74,23 @@ class ConductorConfig:
         addresses = [*self.prefill, *self.decode, *self.colocated]
         if len(set(addresses)) != len(addresses) or not all(addresses):
             raise BadRequestError(f"node addresses must be distinct and non-empty: {addresses}")
+        if (self.kv_events or self.kv_events_replay) and not self.vllm:
+            raise BadRequestError("kv_events needs the vLLM engines they come from (vllm)")
+        if self.vllm_kv_tokens <= 0:
+            raise BadRequestError("vllm_kv_tokens must be > 0")
+        if self.vllm:
+            self.engines()  # validates the engine list, the endpoints and the hashing
+
+    def engines(self) -> tuple[EngineSpec, ...]:
+        """The vLLM engines, each with its KV-event endpoints."""
+        VllmHashing(self.vllm_block_size, self.vllm_hash, self.vllm_hash_seed)
+        return specs_from(self.vllm, self.kv_events, self.kv_events_replay)
+
+    def fleet(self) -> EngineFleet:
+        """The (not yet started) vLLM fleet of this configuration."""
+        hashing = VllmHashing(self.vllm_block_size, self.vllm_hash, self.vllm_hash_seed)
+        return EngineFleet(self.engines(), hashing, self.vllm_model, self.vllm_kv_tokens,
+                           self.kv_events_topic)  # fmt: skip
 
     @property
     def overrides(self) -> IdentityOverrides:

@@ -1,16 +1,22 @@
-"""`python -m kvstore.node --master HOST:PORT --dram-mib N [...]`: run one storage node."""
+"""`python -m kvstore.node --master HOST:PORT --dram-mib N [...]`: run one storage node.
+
+Bad input (a missing --ssd-dir, a full disk, a master that cannot be reached in
+--join-timeout-s) ends in one line on stderr and the `kvstore` command's exit codes
+(2 usage, 4 unavailable, ...), no traceback (KVSTORE_DEBUG=1 shows one).
+`--metrics-listen HOST:PORT` serves /metrics (`kvstore.metrics.NodeCollector`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
+import signal
+import threading
 from collections.abc import Sequence
 
-from kvstore.errors import KVStoreError
 from kvstore.failover import split_masters
 from kvstore.node.config import NodeConfig, default_node_id
-from kvstore.node.node import run_node
+from kvstore.node.node import StorageNode, run_node
 
 MIB = 1 << 20
 
@@ -33,12 +39,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--nixl", action=argparse.BooleanOptionalAction, default=False,
         help="serve the DRAM segment by NIXL too (RDMA-capable; costs a spinning core)",
     )  # fmt: skip
+    p.add_argument("--metrics-listen", default=None, help="HOST:PORT of /metrics (none: off)")
     p.add_argument("--log-level", default="WARNING")
     return p
 
 
+def run_with_metrics(config: NodeConfig, metrics_listen: str | None) -> None:
+    """`run_node`, plus /metrics on `metrics_listen` while the node serves (None: none)."""
+    if not metrics_listen:
+        run_node(config)
+        return
+    from kvstore.metrics import MetricsEndpoint, NodeCollector
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    node = StorageNode(config)
+    try:
+        node.start()  # on failure it has stopped itself
+        try:
+            endpoint = MetricsEndpoint.start(metrics_listen, [NodeCollector(node)])
+        except BaseException:
+            node.stop()
+            raise
+        names = ",".join(s.name for s in node.lent())
+        print(f"kvstore node {config.node_id} ready on {node.endpoint} segments {names} "
+              f"metrics {endpoint.address}", flush=True)  # fmt: skip
+        try:
+            stop.wait()
+        finally:
+            endpoint.close()
+            node.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from cli.errors import entry_point
+
     args = build_parser().parse_args(argv)
+    return entry_point("kvstore node", lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     masters = split_masters(args.master)  # HA: every master; the leader is found among them
     config = NodeConfig(
@@ -57,11 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hbm_device=args.hbm_device,
         ssd_direct_io=not args.buffered_ssd,
     )
-    try:
-        run_node(config)
-    except KVStoreError as exc:  # bad directory, full disk, master refused: one line
-        print(f"kvstore node: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    run_with_metrics(config, args.metrics_listen)
     return 0
 
 

@@ -40,6 +40,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     add("--model", default="tiny", choices=sorted(MODELS), help="model id")
     add("--seed", type=int, default=0, help="weight seed (all nodes must agree)")
     add("--master", default="", help="master host:port of the KV pool")
+    wait_help = "how long to wait at start for the master to accept connections"
+    add("--master-wait-s", type=float, default=10.0, help=wait_help)
     add("--transport", default="auto", help="pool data plane: auto | shm | tcp | nixl")
     seg_help = (
         "DRAM segment this node contributes to the pool under its node id: the blocks it "
@@ -141,13 +143,18 @@ class NodeServer:
 
 
 async def start_server(
-    listen: str, add_servicers: Callable[[grpc.aio.Server], None], service_names: list[str]
+    listen: str,
+    add_servicers: Callable[[grpc.aio.Server], None],
+    service_names: list[str],
+    queue_depth: Callable[[], dict[str, int]] | None = None,
 ) -> NodeServer:
     """Serve through kvstore.edge: health, reflection, RPC latency and TTFT/TBT histograms,
-    /metrics when KVSTORE_METRICS_LISTEN is set."""
+    and `queue_depth`'s gauges, on /metrics when KVSTORE_METRICS_LISTEN is set."""
     from kvstore import edge
+    from kvstore.metrics import QueueCollector
 
-    started = await edge.start_server(listen, add_servicers, service_names)
+    collectors = [QueueCollector(queue_depth)] if queue_depth is not None else []
+    started = await edge.start_server(listen, add_servicers, service_names, collectors=collectors)
     return NodeServer(started.server, started.address, started)
 
 

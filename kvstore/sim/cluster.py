@@ -172,8 +172,19 @@ class SimCluster:
     def node_states(self) -> tuple[NodeState, ...]:
         now = self.loop.now
         return tuple(
-            n.state(now, sum(j.predicted_s for j in n.prefill_q)) for n in self.nodes.values()
+            n.state(now, sum(j.predicted_s for j in n.prefill_q) + self.drain_s(n))
+            for n in self.nodes.values()
         )
+
+    def drain_s(self, node: SimNode) -> float:
+        """A node flipped to PREFILL still decodes its streams, and a prefill there stalls
+        them: policies see the longest one's remaining tokens at its current step time in
+        its queue wait, so they prefill there only when that is still the better choice."""
+        if node.role != Role.PREFILL or not node.running:
+            return 0.0
+        ctx = sum(j.kv_tokens for j in node.running)
+        step = self.latency_of(node).decode_step_s(len(node.running), ctx)
+        return max(j.req.output_len - j.generated for j in node.running) * step
 
     def submit(self, job: Job) -> None:
         """Queue `job`'s prefill on its prefill node (node ids must exist)."""

@@ -10,8 +10,9 @@ simulation runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from kvstore.conductor.api import Role
 from kvstore.conductor.latency import LatencyModel, TransferModel
@@ -108,12 +109,94 @@ def plan_split(
     )
 
 
-def balancer_control(balancer: RoleBalancer, slo: Slo) -> Control:
-    """A simulation control that applies the balancer's flips every period."""
+def balancer_control(
+    balancer: RoleBalancer,
+    slo: Slo,
+    pool: Pool | None = None,
+    policy: str = "flexible",
+    warmup_s: float = 120.0,
+) -> Control:
+    """A simulation control that applies the balancer's flips every period. With `pool`,
+    the balancer's evaluator is the simulator (`_evaluator`): the requests of the last
+    period and of the `warmup_s` before it (they rebuild the queues and the decode streams
+    in flight that a fresh cluster lacks: make it as long as a stream lives) replayed
+    under `policy`, for each candidate split."""
+    recent: list[list[TraceRequest]] = []
+    keep = 1 + math.ceil(warmup_s / balancer.config.period_s)
 
     def tick(cluster: SimCluster, seen: Sequence[TraceRequest]) -> None:
         reqs = [to_request(r, slo) for r in seen]
-        for flip in balancer.observe(reqs, cluster.node_states()):
+        recent.append(list(seen))
+        del recent[:-keep]
+        evaluate = None
+        if pool is not None and seen:
+            current = sum(n.role == Role.PREFILL for n in cluster.nodes.values())
+            future = math.ceil(balancer.config.horizon_periods)
+            evaluate = _evaluator(recent, pool, current, policy, slo, future)
+        for flip in balancer.observe(reqs, cluster.node_states(), evaluate):
             cluster.set_role(flip.node_id, flip.role)
 
     return Control(tick, balancer.config.period_s)
+
+
+def _evaluator(
+    periods: Sequence[Sequence[TraceRequest]],
+    pool: Pool,
+    current: int,
+    policy: str,
+    slo: Slo,
+    future_periods: int,
+) -> Callable[[int], tuple[float, int]]:
+    """Split -> (requests within the objectives, requests) when the cluster runs the
+    recent periods on the `current` split (warm-up: the queues and decode streams in
+    flight now), flips to `k` now, and then serves `future_periods` more periods like
+    the last one (its requests again, as new prompts). The flip's cost (drain, stalled
+    streams, a pool one node short meanwhile) and its gain are both in the count;
+    requests done before the flip are the same for every candidate."""
+    every = [r for p in periods for r in p]
+    t0 = min(r.arrival_s for r in every)
+    last = periods[-1]
+    span = max(r.arrival_s for r in every) - t0
+    period_s = max(span - (min(r.arrival_s for r in last) - t0), 1e-9)
+    reqs = [replace(r, arrival_s=r.arrival_s - t0) for r in every]
+    block = 1 + max((b for r in every for b in r.blocks), default=0)
+    for i in range(future_periods):
+        shift, offset = period_s * (i + 1), block * (i + 1)
+        for r in last:
+            reqs.append(TraceRequest(
+                len(reqs) + 10**9, r.arrival_s - t0 + shift, r.input_len,
+                r.output_len, tuple(b + offset for b in r.blocks),
+            ))  # fmt: skip
+    reqs.sort(key=lambda r: r.arrival_s)
+    load = TraceLoad(tuple(reqs))
+    cache: dict[int, tuple[float, int]] = {}
+
+    def evaluate(k: int) -> tuple[float, int]:
+        if k not in cache:
+            control = _flip_at(span, k) if k != current else None
+            outs = run_split(load, pool, current if control is not None else k, policy, slo,
+                             control)  # fmt: skip
+            cache[k] = (summarize(outs, slo).attained * len(outs), len(outs))
+        return cache[k]
+
+    return evaluate
+
+
+def _flip_at(at_s: float, k: int) -> Control:
+    """Flip the least busy nodes at `at_s` so that `k` nodes prefill (a one-shot control)."""
+    done = False
+
+    def fn(cluster: SimCluster, seen: Sequence[TraceRequest]) -> None:
+        nonlocal done
+        if done or cluster.loop.now < at_s:
+            return
+        done = True
+        states = sorted(cluster.node_states(), key=lambda n: (n.est_queue_wait_s,
+                        n.running_decode_seqs, n.node_id))  # fmt: skip
+        have = sum(n.role == Role.PREFILL for n in states)
+        source = Role.DECODE if k > have else Role.PREFILL
+        target = Role.PREFILL if source == Role.DECODE else Role.DECODE
+        for n in [n for n in states if n.role == source][: abs(k - have)]:
+            cluster.set_role(n.node_id, target)
+
+    return Control(fn, 1.0)

@@ -58,7 +58,7 @@ def _free_port_block(n: int) -> int:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    port = _free_port_block(4)
+    port = _free_port_block(5)
     logs = tmp_path_factory.mktemp("up-logs")
     proc = subprocess.Popen(
         kvstore_cmd("up", "--ssd-mib", "8", "--metrics-port", str(port), "--log-dir", str(logs)),
@@ -162,14 +162,25 @@ def test_status_and_top(up: Up) -> None:
 def test_every_service_serves_metrics(up: Up) -> None:
     assert run("generate", "metrics please", "--conductor", up.conductor).returncode == 0
     texts = {}
-    for offset, name in enumerate(("master", "prefill", "decode", "conductor")):
+    for offset, name in enumerate(("master", "prefill", "decode", "conductor", "store")):
         url = f"http://127.0.0.1:{up.metrics_port + offset}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
             texts[name] = resp.read().decode()
-        assert "kvstore_rpc_seconds_count" in texts[name], name
+        if name != "store":  # the storage node serves no gRPC
+            assert "kvstore_rpc_seconds_count" in texts[name], name
     assert "kvstore_tier_capacity_bytes" in texts["master"]
     assert 'kvstore_ttft_seconds_count{component="conductor"}' in texts["conductor"]
     assert "kvstore_tbt_seconds_bucket" in texts["decode"]
+    # queue depths, idle after the request: every gauge present and 0
+    for name, queues in (("master", ("master_moves_pending", "master_moves_inflight")),
+                         ("prefill", ("prefill_waiting", "prefill_running")),
+                         ("decode", ("decode_batch", "decode_waiting")),
+                         ("conductor", ("prefill", "decode"))):  # fmt: skip
+        for queue in queues:
+            assert f'kvstore_queue_depth{{queue="{queue}"}} 0.0' in texts[name], (name, queue)
+    assert 'kvstore_node_segment_bytes{node="store-' in texts["store"]
+    assert 'tier="DRAM"' in texts["store"] and 'tier="SSD"' in texts["store"]
+    assert "kvstore_node_moves_total{" in texts["store"]
 
 
 def test_ctrl_c_stops_everything_cleanly(up: Up) -> None:

@@ -67,3 +67,68 @@ def test_balancer_holds_still_under_alternating_noise_and_quiet_periods() -> Non
         assert bal.observe(light, pool) == []
     assert bal.observe([], pool) == []  # a quiet period changes nothing
     assert [want for _, want in bal.history] == [3, 1] * 3
+
+
+def _pool() -> list:
+    # p0 has 2 s of queued prefill; d0 decodes 8 streams (8000 context tokens), d1 none
+    return [node("p0", Role.PREFILL, wait=2.0), node("p1", Role.PREFILL),
+            node("d0", Role.DECODE, running=8), node("d1", Role.DECODE)]  # fmt: skip
+
+
+def _reqs(n: int = 60) -> list[Request]:
+    return [Request(f"r{i}", 0.5 * i, 1000, 100) for i in range(n)]
+
+
+def test_gain_must_beat_the_flip_cost_for_patience_periods() -> None:
+    """A candidate is taken only when its predicted gain beats drain/KV cost + noise floor
+    twice in a row; the cheapest node of the shrinking pool moves (p1: nothing queued)."""
+    cfg = BalancerConfig(period_s=30.0, min_gain=0.01, patience=2)
+    bal = RoleBalancer(LAT, 0.1, 100_000, cfg)
+    scores = {2: 100.0, 1: 140.0, 3: 90.0}  # one prefill node fewer: +40 requests
+
+    def evaluate(k: int) -> tuple[float, int]:
+        return scores[k], 200
+
+    assert bal.observe(_reqs(), _pool(), evaluate) == []  # patience
+    flips = bal.observe(_reqs(), _pool(), evaluate)
+    assert [(f.node_id, f.role) for f in flips] == [("p1", Role.DECODE)]
+    v = bal.verdicts[-1]
+    assert (v.current, v.best, v.gain, v.flipped) == (2, 1, 40.0, True)
+    # cost: 2 requests/s x 0 s of p1's queue / 4 nodes + 1% of the 200 judged
+    assert v.cost == pytest.approx(2.0)
+    assert "predicted +40.0 requests" in flips[0].reason
+
+
+def test_a_gain_smaller_than_its_cost_never_flips() -> None:
+    """+1.5 requests against a floor of 2 (1% of 200): never, however long it lasts."""
+    bal = RoleBalancer(LAT, 0.1, 100_000, BalancerConfig(period_s=30.0, patience=1, min_gain=0.01))
+    for _ in range(5):
+        assert bal.observe(_reqs(), _pool(), lambda k: (100.0 + 1.5 * (k == 1), 200)) == []
+    assert all(not v.flipped and v.best == 2 for v in bal.verdicts)
+
+
+def test_flip_cost_counts_drain_or_kv_move_and_the_prefill_queue() -> None:
+    from kvstore.conductor.latency import TransferModel
+
+    bal = RoleBalancer(LAT, 0.1, 100_000)
+    busy = node("d0", Role.DECODE, running=8)
+    reqs = _reqs()  # 100 output tokens each: half of them left, on average
+    drain = 50 * LAT.decode_step_s(8, 8000)
+    assert bal.flip_cost_s(busy, reqs) == pytest.approx(drain)
+    assert bal.flip_cost_s(node("d1", Role.DECODE), reqs) == 0.0
+    assert bal.flip_cost_s(node("p0", Role.PREFILL, wait=2.0), reqs) == 2.0
+    tr = TransferModel(kv_bytes_per_token=1 << 20, network_bytes_per_s=1e9)
+    moving = RoleBalancer(LAT, 0.1, 100_000, transfer=tr).flip_cost_s(busy, reqs)
+    assert moving == pytest.approx(min(drain, tr.overhead_s + 8000 * (1 << 20) / 1e9))
+
+
+def test_a_flipped_node_is_not_flipped_back_within_its_cooldown() -> None:
+    cfg = BalancerConfig(period_s=30.0, patience=1, cooldown_periods=3)
+    bal = RoleBalancer(LAT, 0.1, 100_000, cfg)
+    pool = _pool()
+    flips = bal.observe(_reqs(), pool, lambda k: (200.0 if k == 3 else 100.0, 200))
+    assert [(f.node_id, f.role) for f in flips] == [("d1", Role.PREFILL)]
+    after = [n if n.node_id != "d1" else node("d1", Role.PREFILL) for n in pool]
+    # now fewer prefill nodes look better, but d1 (just flipped) may not go back; p1 may
+    flips = bal.observe(_reqs(), after, lambda k: (200.0 if k == 2 else 100.0, 200))
+    assert [(f.node_id, f.role) for f in flips] == [("p1", Role.DECODE)]

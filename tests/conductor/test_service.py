@@ -106,8 +106,10 @@ def generate(
 ) -> list[cpb.ConductorGenerateResponse]:
     stub = conductor_pb2_grpc.ConductorStub(channel)
     spec = make_spec(str(fields.pop("rid", "")), prompt, max_tokens)
+    tenant = str(fields.pop("tenant", ""))
+    metadata = (("kvstore-tenant", tenant),) if tenant else ()
     request = cpb.ConductorGenerateRequest(spec=spec, **fields)  # type: ignore[arg-type]
-    return list(stub.Generate(request, timeout=60))
+    return list(stub.Generate(request, timeout=60, metadata=metadata))
 
 
 def tokens_of(messages: list[cpb.ConductorGenerateResponse]) -> list[int]:
@@ -160,6 +162,20 @@ def test_generate_streams_the_colocated_greedy_tokens(procs: Procs) -> None:
         nodes["prefill"],
     )
     assert again[-1].timings.cached_tokens == 32
+
+
+def test_a_tenant_matches_only_its_own_blocks(procs: Procs) -> None:
+    """The pool holds this prompt's blocks (an untenanted run wrote them): tenant t1's
+    first request matches none of them, its second its own; tenant t2 still none."""
+    prompt = [(11 * i + 5) % 250 + 1 for i in range(40)]
+    with procs.channel() as channel:
+        generate(channel, prompt, 2, rid="t0")
+        untenanted = generate(channel, prompt, 2, rid="t0b")[0].placement
+        t1_first = generate(channel, prompt, 2, rid="t1a", tenant="t1")[0].placement
+        t1_again = generate(channel, prompt, 2, rid="t1b", tenant="t1")[0].placement
+        t2 = generate(channel, prompt, 2, rid="t2a", tenant="t2")[0].placement
+    assert untenanted.cached_blocks == 2
+    assert (t1_first.cached_blocks, t1_again.cached_blocks, t2.cached_blocks) == (0, 2, 0)
 
 
 def test_prompt_text_is_tokenized_like_the_nodes_do(procs: Procs) -> None:

@@ -155,18 +155,6 @@ def test_apply_batch_stored_removed_cleared() -> None:
     assert stats.batches == 3 and not stats.held
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(PY is None, reason=engines.NO_VLLM)
@@ -197,17 +185,17 @@ def test_ingest_events_of_a_real_engine(tmp_path: Path) -> None:
     the hashes kvstore.hashing_vllm computes from the token ids."""
     assert PY is not None
     model = engines.make_model(PY, tmp_path / "model", engines.ModelSpec())
-    pub, replay = _free_ports(2)
+    # ipc:// endpoints: vLLM binds them (a tcp://HOST:PORT endpoint makes vLLM's PUB
+    # connect, and a subscriber that connects too would only ever see the replay)
+    pub, replay = f"ipc://{tmp_path}/kv-pub", f"ipc://{tmp_path}/kv-replay"
     prompt = [(5 * i + 1) % 1000 + 1 for i in range(100)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONFAULTHANDLER": "1"})
     args = [str(PY), str(engines.ENGINE), "generate", "--model", str(model), "--connector",
             "none", "--prompts", json.dumps([prompt]), "--hold",
-            "--kv-events", f"tcp://127.0.0.1:{pub}",
-            "--kv-events-replay", f"tcp://127.0.0.1:{replay}"]  # fmt: skip
+            "--kv-events", pub, "--kv-events-replay", replay]  # fmt: skip
     index = DictPrefixIndex()
-    ingester = KvEventIngester(index, "engine-a", f"tcp://127.0.0.1:{pub}",
-                               f"tcp://127.0.0.1:{replay}", topic="kv-events").start()  # fmt: skip
+    ingester = KvEventIngester(index, "engine-a", pub, replay, topic="kv-events").start()
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                             start_new_session=True)  # fmt: skip

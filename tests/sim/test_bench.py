@@ -76,8 +76,10 @@ def test_bench_json_on_small_trace(tmp_path: Path) -> None:
     assert not any(
         k.startswith("pooled") for r in loc if r["cache"] == "local" for k in r["load_s"]
     )
-    online = report["online"]
-    assert set(online["static"]) == {"first", "second", "all"}
+    shifts = report["online"]["scenarios"]
+    assert [sc["name"] for sc in shifts] == ["lighter", "decode-heavy"]
+    for sc in shifts:
+        assert set(sc["static"]) == {"first", "second", "all"} == set(sc["online"])
     fit = report["calibration"]["llama2-70b/a100-tp4"]
     assert fit["points"] > 0 and 0 < fit["decode_mean_rel_err"] < fit["decode_max_rel_err"]
     assert report["calibration"]["opt-13b/a100-tp1"] is None  # published coefficients only
