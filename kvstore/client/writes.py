@@ -125,8 +125,11 @@ def _started_put_op(
     if failed and settled:
         yield from _revoke(ctx, failed)
     again = [i for i in started if isinstance(results[i], TransferError)]
+    # only nodes that still failed (not those that moved and took the retry)
+    unreachable &= {loc.node_id for i in again for loc in started[i]}
     if retry and settled and again and unreachable:
-        yield from _report_unreachable(ctx, unreachable)
+        suspects = [loc for i in again for loc in started[i] if loc.node_id in unreachable]
+        yield from _report_unreachable(ctx, (yield from _unmoved(ctx, suspects)))
         sub = yield from _started_put_op(
             ctx, [keys[i] for i in again], [views[i] for i in again], opts, retry=False
         )
@@ -135,8 +138,23 @@ def _started_put_op(
     return results
 
 
+def _unmoved(ctx: OpContext, locs: Sequence[Location]) -> Op[set[str]]:
+    """The nodes of `locs` whose segment, after one directory refresh, is still there on
+    the same endpoint: a failed transfer to one of them means the node is unreachable
+    (not restarted elsewhere, not gone)."""
+    before = [ctx.directory.descriptor(loc) for loc in locs]
+    after = yield from resolve(ctx, locs, refresh=True)
+    return {
+        loc.node_id
+        for loc, old, new in zip(locs, before, after, strict=True)
+        if new is not None and new == old
+    }
+
+
 def _report_unreachable(ctx: OpContext, nodes: set[str]) -> Op[None]:
     """Tell the master which nodes' data plane failed us (best effort)."""
+    if not nodes:
+        return
     request = master_pb2.ReportUnreachableRequest(client_id=ctx.config.id, node_ids=sorted(nodes))
     try:
         yield Rpc("ReportUnreachable", request)
@@ -207,7 +225,8 @@ def extent_put_op(
     if not batch.settled or any(batch.errors):
         holder.abandon(extent_id)  # a write may still land: let the lease run out
     if any(isinstance(e, TransferError | OSError) for e in batch.errors):
-        yield from _report_unreachable(ctx, {locs[0].node_id})  # PutStart goes elsewhere
+        # reported unless it moved or its segment went: the PutStart below goes elsewhere
+        yield from _report_unreachable(ctx, (yield from _unmoved(ctx, locs[:1])))
     ok = [i for i, err in enumerate(batch.errors) if err is None]
     retry = [i for i, err in enumerate(batch.errors) if err is not None]
     if not ok:
