@@ -16,17 +16,21 @@ import sys
 if "--debug" not in sys.argv:  # grpc's C core logs bind failures itself: one line is ours
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 from collections.abc import Sequence
-from typing import NoReturn
 
-from cli import admin, cluster_demo, config_cmd, errors, serve, services, store_demo, top, up
+from cli import (
+    admin,
+    certs_cmd,
+    cluster_demo,
+    config_cmd,
+    errors,
+    serve,
+    services,
+    store_demo,
+    top,
+    up,
+)
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """A bad flag is one line and exit code 2 (argparse prints the usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(errors.USAGE)
+OneLineParser = errors.OneLineParser  # a bad flag is one line and exit code 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_cmd.register(sub)
     up.register(sub)
     top.register(sub)
+    certs_cmd.register(sub)
     return parser
 
 

@@ -8,8 +8,13 @@ protobuf <-> core-type conversions that every service and client share.
 A server started here serves, beside its own services, gRPC health (every name SERVING)
 and reflection (`grpcurl -plaintext HOST:PORT list` works), records each RPC's latency
 in a Prometheus histogram and, when asked (`metrics_listen`, or the environment variable
-KVSTORE_METRICS_LISTEN=HOST:PORT), exposes `/metrics` over HTTP. `credentials` is the
-hook for TLS/mTLS: a `grpc.ServerCredentials` makes the port secure.
+KVSTORE_METRICS_LISTEN=HOST:PORT), exposes `/metrics` over HTTP.
+
+Security (kvstore.security): every server authenticates each call per its
+`SecurityConfig` (default: the process's KVSTORE_SECURITY_* variables): mTLS, a token
+over local credentials, or insecure (which it says loudly at start); `interceptors` run
+after that (the master's guard). Channels made here with no `credentials` use the
+process's own credential the same way, so one setting secures every service and client.
 """
 
 from __future__ import annotations
@@ -46,18 +51,36 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
 GRPC_OPTIONS = channel_options()
 
 
+def process_credentials() -> tuple[object | None, list[tuple[str, Any]]]:
+    """This process's channel credentials and options (KVSTORE_SECURITY_*; None: insecure)."""
+    from kvstore.security import config as sec_config
+    from kvstore.security import credentials as sec_creds
+
+    cfg = sec_config.from_env()
+    return sec_creds.channel_credentials(cfg), sec_creds.channel_options(cfg)
+
+
 def sync_channel(address: str, credentials: object | None = None) -> grpc.Channel:
-    """A blocking channel: secure with `credentials` (grpc.ChannelCredentials), else plain."""
+    """A blocking channel: secure with `credentials` (grpc.ChannelCredentials), else with
+    the process's own credential (kvstore.security), else plain."""
+    options: list[tuple[str, Any]] = list(GRPC_OPTIONS)
+    if credentials is None:
+        credentials, extra = process_credentials()
+        options += extra
     if credentials is not None:
-        return grpc.secure_channel(address, credentials, options=GRPC_OPTIONS)  # type: ignore[arg-type]
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        return grpc.secure_channel(address, credentials, options=options)  # type: ignore[arg-type]
+    return grpc.insecure_channel(address, options=options)
 
 
 def aio_channel(address: str, credentials: object | None = None) -> grpc.aio.Channel:
-    """An asyncio channel: secure with `credentials`, else plain."""
+    """An asyncio channel: secure with `credentials` or the process's own, else plain."""
+    options: list[tuple[str, Any]] = list(GRPC_OPTIONS)
+    if credentials is None:
+        credentials, extra = process_credentials()
+        options += extra
     if credentials is not None:
-        return grpc.aio.secure_channel(address, credentials, options=GRPC_OPTIONS)  # type: ignore[arg-type]
-    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        return grpc.aio.secure_channel(address, credentials, options=options)  # type: ignore[arg-type]
+    return grpc.aio.insecure_channel(address, options=options)
 
 
 def rpc_error(err: grpc.RpcError) -> KVStoreError:
@@ -139,18 +162,26 @@ async def start_server(
     collectors: Sequence[Any] = (),
     component: str = "",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    security: Any = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> EdgeServer:
     """Serve `add_servicers`' services plus health and reflection on `listen` (port 0 picks
-    one). `metrics_listen` None reads KVSTORE_METRICS_LISTEN ("" or unset: no /metrics)."""
+    one). `metrics_listen` None reads KVSTORE_METRICS_LISTEN ("" or unset: no /metrics).
+    `security` (a kvstore.security SecurityConfig; None: the process's) authenticates every
+    call; `credentials` overrides the port credentials it implies."""
     from kvstore import metrics
+    from kvstore.security import config as sec_config
+    from kvstore.security import credentials as sec_creds
+    from kvstore.security.interceptor import AuthInterceptor
 
-    name = component or (service_names[0] if service_names else "")
+    security = sec_config.from_env() if security is None else security
+    if credentials is None:
+        credentials = sec_creds.server_credentials(security)
+    name = label = component or (service_names[0] if service_names else "")
     rpc_metrics = metrics.RpcMetrics(name)
     token_metrics = metrics.ServingMetrics(name)
-    server = grpc.aio.server(
-        options=channel_options(max_message_bytes),
-        interceptors=[_Timing(rpc_metrics, token_metrics)],
-    )
+    chain = [_Timing(rpc_metrics, token_metrics), AuthInterceptor(security), *interceptors]
+    server = grpc.aio.server(options=channel_options(max_message_bytes), interceptors=chain)
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -167,6 +198,8 @@ async def start_server(
     for name in ["", *service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = listen.rsplit(":", 1)[0]
+    if security.insecure and credentials is None:
+        sec_creds.warn_insecure(label, f"{host}:{port}")
     return EdgeServer(server, f"{host}:{port}", health_servicer, endpoint, list(service_names))
 
 

@@ -11,7 +11,9 @@
     ├── TransferError        a peer vanished or a transfer failed          (UNAVAILABLE)
     ├── UnavailableError     a service (master, node) cannot be reached    (UNAVAILABLE)
     │   └── NotLeaderError   a master that is not the HA leader (names it) (UNAVAILABLE)
-    └── IOFaultError         the OS or RocksDB failed an I/O (EIO, ...)    (INTERNAL)
+    ├── IOFaultError         the OS or RocksDB failed an I/O (EIO, ...)    (INTERNAL)
+    ├── UnauthenticatedError no valid credential (kvstore.security)        (UNAUTHENTICATED)
+    └── PermissionDeniedError the credential may not do this               (PERMISSION_DENIED)
 
 `None` means "absent / not now"; an exception means bad input or a fault.
 Each class names its gRPC status code as a string so that this module imports
@@ -93,6 +95,18 @@ class IOFaultError(KVStoreError):
     grpc_code = "INTERNAL"
 
 
+class UnauthenticatedError(KVStoreError):
+    """The caller presented no valid credential (kvstore.security)."""
+
+    grpc_code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(KVStoreError):
+    """The caller's credential does not allow this call (kvstore.security.authz)."""
+
+    grpc_code = "PERMISSION_DENIED"
+
+
 # The errors that round-trip through a gRPC status or a per-key ErrorCode.
 ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     BadRequestError,
@@ -104,6 +118,8 @@ ALL_ERRORS: tuple[type[KVStoreError], ...] = (
     CorruptError,
     TransferError,
     UnavailableError,
+    UnauthenticatedError,
+    PermissionDeniedError,
 )
 # IOFaultError is left out on purpose: on the wire it is INTERNAL, which reads back
 # as a plain KVStoreError (a remote device fault is not the caller's to handle).

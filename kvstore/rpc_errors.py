@@ -34,6 +34,8 @@ _FROM_STATUS: dict[grpc.StatusCode, type[errors.KVStoreError]] = {
     grpc.StatusCode.DATA_LOSS: errors.CorruptError,
     grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.UnavailableError,
+    grpc.StatusCode.UNAUTHENTICATED: errors.UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
 }
 _CODE: dict[type[errors.KVStoreError], int] = {
     errors.BadRequestError: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
@@ -45,6 +47,8 @@ _CODE: dict[type[errors.KVStoreError], int] = {
     errors.CorruptError: common_pb2.ERROR_CODE_CORRUPT,
     errors.TransferError: common_pb2.ERROR_CODE_TRANSFER,
     errors.UnavailableError: common_pb2.ERROR_CODE_UNAVAILABLE,
+    errors.UnauthenticatedError: common_pb2.ERROR_CODE_UNAUTHENTICATED,
+    errors.PermissionDeniedError: common_pb2.ERROR_CODE_PERMISSION_DENIED,
 }
 _FROM_CODE: dict[int, type[errors.KVStoreError]] = {v: k for k, v in _CODE.items()}
 

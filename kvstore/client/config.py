@@ -56,8 +56,19 @@ class ClientConfig:
     extent_bytes: int = 32 << 20
     extent_max_object: int = 4 << 20
 
+    # This client's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*):
+    # mTLS files or a token file. It fills `credentials`, and client_id and tenant when
+    # they are left unset (the master checks both against the credential).
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    token_file: str = ""
+
     def __post_init__(self) -> None:
         parse_endpoint(self.master)
+        from kvstore.security.process import resolve
+
+        resolve(self, "client_id", "tenant")
         if self.client_id is None:  # frozen: fill the default once, at construction
             object.__setattr__(self, "client_id", f"client-{uuid.uuid4().hex[:12]}")
         if not isinstance(self.client_id, str) or not 0 < len(self.client_id) <= 256:

@@ -47,6 +47,23 @@ class MasterConfig:
     max_extent_bytes: int = 256 << 20
     fence_s: float = 10.0  # a node clients report unreachable gets no new replica this long
 
+    # Limits on what callers may send and what the master holds (kvstore.security.limits;
+    # each refusal is a typed error: INVALID_ARGUMENT for a size, RESOURCE_EXHAUSTED for a
+    # count or memory bound).
+    max_key_bytes: int = 1024  # a key, a page token, a prefix (UTF-8 bytes)
+    max_id_bytes: int = 256  # node, client, segment-owner and incarnation ids
+    max_group_bytes: int = 1024
+    max_segment_name_bytes: int = 255
+    max_address_bytes: int = 256  # each endpoint string (tcp, rpc, shm host id, shm socket)
+    max_nixl_metadata_bytes: int = 64 << 10
+    max_segment_bytes: int = 1 << 47  # one segment: within a 47-bit user address space
+    max_nodes: int = 1024
+    max_segments_per_node: int = 16
+    max_objects: int = 10_000_000  # objects the master tracks (WRITING ones included)
+    max_metadata_bytes: int = 8 << 30  # estimated metadata memory (kvstore.security.tenants)
+    tenant_quota_bytes: int = 0  # bytes (size x replicas) each tenant may hold; 0 = no quota
+    tenant_quotas: tuple[tuple[str, int], ...] = ()  # (tenant, bytes) overrides
+
     def __post_init__(self) -> None:
         positive = {
             "node_ttl_s": self.node_ttl_s,
@@ -83,6 +100,9 @@ class MasterConfig:
             raise BadRequestError("rebalance_scan must be > 0")
         if self.default_alignment & (self.default_alignment - 1):
             raise BadRequestError("default_alignment must be a power of two")
+        from kvstore.security.limits import check_config
+
+        check_config(self)
 
     def watermarks(self, tier: int) -> tuple[float, float]:
         """(high, low) fractions of a segment of `tier`."""

@@ -24,6 +24,8 @@ from kvstore.master.coord import HAConfig
 from kvstore.master.journal import MetaJournal, NullJournal, RocksJournal
 from kvstore.master.metadata import MasterState
 from kvstore.master.service import MasterServicer
+from kvstore.security import config as security_config
+from kvstore.security.guard import MasterGuard
 from kvstore.v1 import master_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
         restored = state.restore()
         epoch = uuid.uuid4().hex
         servicer = MasterServicer(state, epoch)
+        servicer.guard = guard = MasterGuard(state)  # limits, authz, quotas (kvstore.security)
         collector = MasterCollector.for_state(state, asyncio.get_running_loop())
         server = await edge.start_server(
             config.listen,
@@ -79,6 +82,7 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
             collectors=[collector],
             component="master",
             max_message_bytes=config.max_message_bytes,
+            interceptors=[guard],
         )
     except BaseException:
         journal.close()
@@ -97,7 +101,7 @@ async def _start_fast_lane(
 ) -> FastLaneServer | None:
     """The hot-path calls on a framed TCP port beside gRPC (kvstore.fastlane); plaintext,
     so only where the gRPC port is plaintext too."""
-    if not config.fast_lane:
+    if not config.fast_lane or not security_config.from_env().insecure:
         return None
     lane = await FastLaneServer.start(servicer, edge.split_address(address)[0])
     servicer.fast_lane = lane.address

@@ -51,8 +51,19 @@ class NodeConfig:
     # calls follow the leader (kvstore.failover). () = `master` alone.
     masters: tuple[str, ...] = ()
 
+    # The node's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*): it
+    # fills `credentials`, and node_id when left at its default (the master requires the
+    # credential's id).
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    token_file: str = ""
+
     def __post_init__(self) -> None:
         parse_endpoint(self.master)
+        from kvstore.security.process import resolve
+
+        resolve(self, "node_id", default_id=default_node_id())
         if not self.node_id or len(self.node_id) > 256:
             raise BadRequestError("node_id must be 1..256 characters")
         if not 0 <= self.tcp_port < 65536:

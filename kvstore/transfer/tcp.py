@@ -90,6 +90,7 @@ class _Connection:
         read in order): a typed error per chunk; a stream fault fails the rest of the
         window with TransferError and drops the socket."""
         results: list[Exception | None] = []
+        reused = self._sock is not None
         try:
             sock = self._connect()
             ids = [self._send(sock, chunk) for chunk in chunks]
@@ -99,6 +100,8 @@ class _Connection:
             results += [e] * (len(chunks) - len(results))
         except (OSError, ConnectionError) as e:
             self.close()
+            if reused and not results:  # a pooled socket the server closed while it idled:
+                return self.run(chunks)  # once more on a fresh one (READ/WRITE repeat safely)
             error = TransferError(f"transfer to {self._addr[0]}:{self._addr[1]} failed: {e}")
             results += [error] * (len(chunks) - len(results))
         return results

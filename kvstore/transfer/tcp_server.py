@@ -1,6 +1,11 @@
 """TransferServer: serves one-sided READ/WRITE over TCP against exposed segments.
 
-Blocking sockets, one thread per connection. Each request is bounds-checked
+Blocking sockets, one thread per connection. Connections are capped in all
+(`max_connections`) and per peer address (`max_connections_per_peer`); a connection
+idle longer than `idle_timeout_s` is closed, and when a cap is reached the peer's (or
+anyone's) longest-idle connection is closed to admit the new one, so idle sockets can
+never lock clients out (only busy ones count against the caps; a request header must
+arrive whole within `io_timeout`). Each request is bounds-checked
 against the named segment; a bad one gets an error reply and the connection
 stays usable (a bad WRITE's payload is drained, or the connection closed when
 the payload is larger than `drain_limit`). Payloads go straight between the
@@ -13,6 +18,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,14 +45,18 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     io_timeout: float = 30.0  # a started request must progress within this many seconds
-    max_connections: int = 256
+    max_connections: int = 1024
     drain_limit: int = 64 << 20  # largest bad-WRITE payload drained instead of closing
+    max_connections_per_peer: int = 256  # per peer IP address (same-host peers share one)
+    idle_timeout_s: float = 300.0  # a connection idle this long is closed
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise BadRequestError(f"bad port {self.port}")
         if self.io_timeout <= 0 or self.max_connections <= 0 or self.drain_limit < 0:
             raise BadRequestError("io_timeout and max_connections must be > 0")
+        if self.max_connections_per_peer <= 0 or self.idle_timeout_s <= 0:
+            raise BadRequestError("max_connections_per_peer and idle_timeout_s must be > 0")
 
 
 class RangeStore(Protocol):
@@ -67,6 +77,16 @@ class _CloseConnection(Exception):
     """The stream is out of sync or the peer misbehaved: drop this connection."""
 
 
+@dataclass(slots=True)
+class _Conn:
+    """One served connection: its thread, its peer address, and since when it is idle
+    (None while a request is being served)."""
+
+    thread: threading.Thread
+    peer: str
+    idle_since: float | None
+
+
 class TransferServer:
     """Serves READ/WRITE requests against the segments exposed by this process."""
 
@@ -77,7 +97,9 @@ class TransferServer:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
-        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._conns: dict[socket.socket, _Conn] = {}
+        self.refused = 0  # connections closed at accept: the caps held, nothing idle to close
+        self.idle_closed = 0  # idle connections closed (timeout, or to admit another)
         self._stopping = threading.Event()
         self._endpoint = ""
 
@@ -154,7 +176,7 @@ class TransferServer:
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-        threads = [*conns.values(), self._accept_thread]
+        threads = [*(c.thread for c in conns.values()), self._accept_thread]
         for thread in threads:
             if thread is not None:
                 thread.join(timeout)
@@ -176,21 +198,46 @@ class TransferServer:
         assert self._listener is not None
         while not self._stopping.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = self._listener.accept()
             except OSError:
                 return  # listener closed by stop()
-            if self.connection_count() >= self.config.max_connections:
+            peer = str(addr[0]) if isinstance(addr, tuple) else str(addr)
+            if not self._make_room(peer):
+                self.refused += 1
                 conn.close()
                 continue
-            self._start_connection(conn)
+            self._start_connection(conn, peer)
 
-    def _start_connection(self, conn: socket.socket) -> None:
-        wire.tune(conn, self.config.io_timeout)
+    def _make_room(self, peer: str) -> bool:
+        """Whether a new connection from `peer` fits the caps, closing the longest-idle
+        connection (the peer's own first) where one is in the way."""
+        cfg = self.config
+        with self._lock:
+            mine = [(c, s) for c, s in self._conns.items() if s.peer == peer]
+            if len(mine) >= cfg.max_connections_per_peer:
+                victim = _longest_idle(mine)
+            elif len(self._conns) >= cfg.max_connections:
+                victim = _longest_idle(list(self._conns.items()))
+            else:
+                return True
+            if victim is None:
+                return False
+            self._conns[victim].idle_since = None  # closing: not a victim twice
+        self._close_idle(victim)
+        return True
+
+    def _close_idle(self, conn: socket.socket) -> None:
+        self.idle_closed += 1
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)  # its thread sees EOF and drops it
+
+    def _start_connection(self, conn: socket.socket, peer: str = "") -> None:
+        wire.tune(conn, min(self.config.io_timeout, self.config.idle_timeout_s))
         thread = threading.Thread(
             target=self._serve_connection, args=(conn,), name="kvstore-transfer-conn", daemon=True
         )
         with self._lock:
-            self._conns[conn] = thread
+            self._conns[conn] = _Conn(thread, peer, time.monotonic())
         thread.start()
 
     def _serve_connection(self, conn: socket.socket) -> None:
@@ -210,22 +257,40 @@ class TransferServer:
             conn.close()
 
     def _recv_header(self, conn: socket.socket) -> bytes | None:
-        """The next request header; None on a clean close. Idle waits are unbounded."""
+        """The next request header; None on a clean close or after `idle_timeout_s` idle.
+        A header that has started must be complete within `io_timeout`."""
         buf = memoryview(bytearray(wire.REQUEST.size))
         got = 0
+        self._set_idle(conn, True)
+        started = idle = time.monotonic()
         while got < len(buf):
             try:
                 n = conn.recv_into(buf[got:])
             except (TimeoutError, BlockingIOError):
+                now = time.monotonic()
                 if got == 0 and not self._stopping.is_set():
-                    continue  # idle pooled connection
+                    if now - idle < self.config.idle_timeout_s:
+                        continue  # idle pooled connection
+                    self.idle_closed += 1
+                    return None
                 raise
             if n == 0:
                 if got:
                     raise _CloseConnection("peer closed inside a header")
                 return None
+            if got == 0:
+                self._set_idle(conn, False)
+                started = time.monotonic()
+            elif time.monotonic() - started > self.config.io_timeout:
+                raise _CloseConnection("request header trickled in too slowly")
             got += n
         return bytes(buf)
+
+    def _set_idle(self, conn: socket.socket, idle: bool) -> None:
+        with self._lock:
+            state = self._conns.get(conn)
+            if state is not None:
+                state.idle_since = time.monotonic() if idle else None
 
     def _serve_request(self, conn: socket.socket, header: bytes) -> None:
         op, version, name_len, req_id, offset, length = wire.REQUEST.unpack(header)
@@ -313,6 +378,11 @@ class TransferServer:
                 raise _CloseConnection("bad WRITE too large to drain")
             _drain(conn, length)
         conn.sendall(wire.pack_error(req_id, error))
+
+
+def _longest_idle(conns: list[tuple[socket.socket, _Conn]]) -> socket.socket | None:
+    idle = [(s.idle_since, c) for c, s in conns if s.idle_since is not None]
+    return min(idle, key=lambda pair: pair[0])[1] if idle else None
 
 
 def _drain(conn: socket.socket, length: int) -> None:

@@ -24,6 +24,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TRANSFER: _ClassVar[ErrorCode]
     ERROR_CODE_UNAVAILABLE: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
 TIER_HBM: Tier
 TIER_DRAM: Tier
 TIER_SSD: Tier
@@ -38,6 +40,8 @@ ERROR_CODE_CORRUPT: ErrorCode
 ERROR_CODE_TRANSFER: ErrorCode
 ERROR_CODE_UNAVAILABLE: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
 
 class Location(_message.Message):
     __slots__ = ("node_id", "tier", "segment", "offset", "length")

@@ -1,0 +1,115 @@
+"""The master's guard: a server interceptor that runs, before each Master RPC, the limits
+(kvstore.security.limits), the authorization rule of the caller's identity
+(kvstore.security.authz) and, for PutStart, the tenant quota and metadata bound
+(kvstore.security.tenants). A refused call aborts with its typed status and the servicer
+never runs, so nothing changes.
+
+    guard = MasterGuard(state)                # kvstore.master.server installs it
+    await edge.start_server(..., interceptors=[guard])
+    await guard.call("BatchLookup", servicer.BatchLookup, request, context)  # other front ends
+    guard.check_integrity()                   # the quota ledger equals a recount
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from kvstore.errors import KVStoreError
+from kvstore.rpc_errors import status_for
+from kvstore.security import identity
+from kvstore.security.authz import Answer, Call, Post, authorize
+from kvstore.security.limits import Limits
+from kvstore.security.tenants import Ledger
+
+PREFIX = "/kvstore.v1.Master/"
+_KEYED = frozenset({"BatchLookup", "PutEnd", "PutRevoke", "Remove", "MatchPrefix", "Pin", "Unpin"})
+_GUARDS: weakref.WeakValueDictionary[int, MasterGuard] = weakref.WeakValueDictionary()
+
+
+class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Limits, authorization and quotas of one master (see the module docstring)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.limits = Limits(state.config, state)
+        self.ledger = Ledger(state, state.config)
+        self.refused = 0  # calls refused so far (metrics, tests)
+        _GUARDS[id(state)] = self
+
+    @staticmethod
+    def of(state: Any) -> MasterGuard | None:
+        """The guard of a master's state (debugging and tests), if it has one."""
+        return _GUARDS.get(id(state))
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:  # fmt: skip
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None or not details.method.startswith(PREFIX):
+            return handler
+        name = details.method[len(PREFIX) :]
+        behavior = handler.unary_unary
+
+        async def guarded(request: Any, context: Any) -> Any:
+            return await self.call(name, behavior, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded, handler.request_deserializer, handler.response_serializer
+        )
+
+    async def call(
+        self, name: str, behavior: Callable[..., Any], request: Any, context: Any
+    ) -> Any:
+        """Admit `request` to `behavior` (a servicer method) as the current identity."""
+        try:
+            post = self.admit(name, request)
+        except Answer as answered:
+            return answered.reply
+        except KVStoreError as exc:
+            self.refused += 1
+            await context.abort(status_for(exc), str(exc))
+            raise  # abort raises; this only satisfies type checkers
+        record = self._recorder(name, request)
+        reply = await behavior(request, context)
+        if record is not None:
+            record(reply)
+        return reply if post is None else post(reply)
+
+    def admit(self, name: str, request: Any) -> Post | None:
+        """Raise the typed error of a refused call; else the reply's finishing step."""
+        keys = list(request.keys) if name in _KEYED else None  # built once, checked twice
+        self.limits.check(name, request, keys)
+        ident = identity.current()
+        post = authorize(Call(ident, name, request, self.state, keys))
+        if name in ("PutStart", "CommitExtent"):
+            self.ledger.admit(request.items)
+        elif name == "GrantExtent" and ident.scoped:
+            self.ledger.admit_bytes(identity.tenant_of(ident), request.size)
+        return post
+
+    def _recorder(self, name: str, request: Any) -> Callable[[Any], None] | None:
+        """How the ledger learns what a successful call added."""
+        if name == "PutStart":
+            done = self.ledger.recorder(request.items)
+            return lambda reply: done([r.status.code == 0 for r in reply.results])
+        if name == "CommitExtent":
+            done = self.ledger.recorder(request.items)
+            return lambda reply: done([r.code == 0 for r in reply.results])
+        if name == "AnnounceObjects":
+            found = [(o.key, o.group, o.length) for o in request.objects]
+            return lambda reply: self._announced(found)
+        return None
+
+    def _announced(self, found: list[tuple[str, str, int]]) -> None:
+        objects, entries = self.state.objects, self.ledger.entries
+        for key, group, length in found:
+            if key not in entries and key in objects:
+                self.ledger.record(key, group, length, 1)
+
+    def check_integrity(self) -> None:
+        self.ledger.check_integrity()
