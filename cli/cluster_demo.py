@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore import edge
 from kvstore.errors import BadRequestError
 from kvstore.serving_bench.metrics import RequestRecord, summarize
 from kvstore.serving_bench.workload import ChatSpec, Conversation, conversations
@@ -154,11 +155,10 @@ async def _chat(chat: Conversation, target: Any, bar: Any) -> list[RequestRecord
 
 
 def _master_stats(master: str) -> Any:
-    import grpc
 
     from kvstore.v1 import master_pb2, master_pb2_grpc
 
-    with grpc.insecure_channel(master) as channel:
+    with edge.sync_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).Stats(master_pb2.StatsRequest(), timeout=10)
 
 

@@ -7,8 +7,9 @@ subcommand into one readable line on stderr (a traceback only with `--debug`).
     2     bad usage: unknown flag, bad value         argparse, BadRequestError, TooLargeError
     3     not found: key, node, segment              NotFoundError
     4     unavailable: a service is down or late     UnavailableError, TransferError
-    5     refused: leased, pinned, being written,    NotReadyError, ExistsError, RefusedError
-          or an operation that would lose data
+    5     refused: leased, pinned, being written,    NotReadyError, ExistsError, RefusedError,
+          an operation that would lose data, not     PermissionDeniedError, UnauthenticatedError
+          allowed to this credential, no credential
     6     no space in the pool                       NoSpaceError
     7     data corrupt or an I/O fault               CorruptError, IOFaultError
     130   interrupted (Ctrl-C)                       KeyboardInterrupt
@@ -40,6 +41,8 @@ _CODES: list[tuple[type[BaseException], int]] = [
     (errors.NotReadyError, REFUSED),
     (errors.ExistsError, REFUSED),
     (RefusedError, REFUSED),
+    (errors.PermissionDeniedError, REFUSED),  # the credential may not do this
+    (errors.UnauthenticatedError, REFUSED),  # no (valid) credential
     (errors.NoSpaceError, NO_SPACE),
     (errors.CorruptError, CORRUPT),
     (errors.IOFaultError, CORRUPT),

@@ -10,6 +10,7 @@ import re
 
 import grpc
 
+from kvstore import edge
 from kvstore.rpc_errors import raise_from_rpc_error
 from kvstore.v1 import master_pb2, master_pb2_grpc
 
@@ -24,7 +25,7 @@ def remove_all(
     and, with `pattern`, whose key (without the tenant prefix) matches it (re.search)."""
     prefix = f"{tenant}/" if tenant else ""
     removed = 0
-    with grpc.insecure_channel(master) as channel:
+    with edge.sync_channel(master) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         try:
             for page in _pages(stub, prefix, timeout_s):

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvstore import edge
 from kvstore.conductor.api import Role
 from kvstore.conductor.identity import IdentityBook, KeyIdentity
 from kvstore.conductor.ledger import NodeInfo
-from kvstore.conductor.rpc import GRPC_OPTIONS, rpc_error
+from kvstore.conductor.rpc import rpc_error
 from kvstore.conductor.service_config import ConductorConfig
 from kvstore.errors import (
     BadRequestError,
@@ -70,7 +71,7 @@ class NodeDirectory:
 
     @staticmethod
     def _entry(address: str, prefill: bool) -> NodeEntry:
-        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = edge.aio_channel(address)
         if prefill:
             return NodeEntry(address, channel, serving_pb2_grpc.PrefillServiceStub(channel), None)
         return NodeEntry(address, channel, None, serving_pb2_grpc.DecodeServiceStub(channel))

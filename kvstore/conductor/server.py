@@ -18,7 +18,6 @@ import grpc
 from kvstore import edge
 from kvstore.conductor.fleet import EngineFleet
 from kvstore.conductor.nodes import NodeDirectory
-from kvstore.conductor.rpc import GRPC_OPTIONS
 from kvstore.conductor.service import ConductorServicer
 from kvstore.conductor.service_config import ConductorConfig
 from kvstore.metrics import ConductorCollector
@@ -57,7 +56,7 @@ async def start(config: ConductorConfig) -> ConductorServer:
     master_channel = None
     master = None
     if config.master:
-        master_channel = grpc.aio.insecure_channel(config.master, options=GRPC_OPTIONS)
+        master_channel = edge.aio_channel(config.master)
         master = master_pb2_grpc.MasterStub(master_channel)
     fleet = config.fleet().start() if config.vllm else None  # KV-event ingesters
     servicer = ConductorServicer(config, directory, master, fleet)

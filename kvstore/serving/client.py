@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 
+from kvstore import edge
 from kvstore.errors import BadRequestError
 from kvstore.rpc_errors import raise_from_rpc_error
-from kvstore.serving.node import GRPC_OPTIONS
 from kvstore.v1 import serving_pb2 as pb
 from kvstore.v1 import serving_pb2_grpc
 
@@ -72,7 +72,7 @@ class ServingClient:
         self._decode = serving_pb2_grpc.DecodeServiceStub(self._channel(decode)) if decode else None
 
     def _channel(self, address: str) -> grpc.Channel:
-        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = edge.sync_channel(address)
         self._channels.append(channel)
         return channel
 
@@ -176,7 +176,7 @@ class AsyncServingClient:
         self._decode = serving_pb2_grpc.DecodeServiceStub(self._channel(decode)) if decode else None
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = edge.aio_channel(address)
         self._channels.append(channel)
         return channel
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import grpc
 
-from kvstore.edge import channel_options as grpc_options
+from kvstore import edge
 from kvstore.serving_bench.metrics import RequestRecord
 from kvstore.serving_bench.workload import Arrival
 from kvstore.v1 import serving_pb2, serving_pb2_grpc
@@ -46,7 +46,7 @@ def _spec(arrival: Arrival, model_id: str) -> serving_pb2.GenerationSpec:
 
 
 def _channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=grpc_options())
+    return edge.aio_channel(address)
 
 
 def _new_record(arrival: Arrival) -> RequestRecord:

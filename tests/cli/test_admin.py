@@ -185,3 +185,11 @@ def test_config_file_names_the_master(pool: Pool, tmp_path: Path) -> None:
     res = run("status", "--config", str(cfg))
     assert res.returncode == 2
     assert res.stderr.strip().startswith(f"kvstore status: {cfg}:3: unknown key 'mastr' in [cli]")
+
+
+def test_refused_credentials_exit_5() -> None:
+    from cli.errors import REFUSED, exit_code
+    from kvstore.errors import PermissionDeniedError, UnauthenticatedError
+
+    assert exit_code(PermissionDeniedError("not yours")) == REFUSED == 5
+    assert exit_code(UnauthenticatedError("no credential")) == REFUSED
