@@ -9,8 +9,8 @@ twice: first alone, before any engine or store process exists ("memcpy-quiet",
 "raw socket-quiet"), then beside the rows they judge. Every transport and store row
 is shown against both; the run goes in phases so that no NIXL agent (which spins a
 core while alive) idles beside another row: shm + tcp against a plain server, NIXL
-against a NIXL server, then the store rows with their pools (whose nodes serve NIXL
-too when it is installed: those rows run beside the agents).
+against a NIXL server, then the store rows: kv-shm, kv-tcp and Mooncake against a
+node without a NIXL agent, kv-nixl against one that serves NIXL.
 Targets: shm/nixl get >= 0.7x memcpy (objects >= 1 MiB); tcp >= 0.7x raw socket.
 
 Store rows (bench/transfer_stores.py; skip with --no-stores): a kvstore client per
@@ -219,12 +219,12 @@ def kv_transports() -> list[str]:
     return ["shm", "tcp"] + (["nixl"] if nixl_available() else [])
 
 
-def extra_runners(ctx: Ctx, size: int) -> list[Runner]:
+def extra_runners(ctx: Ctx, size: int, transports: list[str] | None = None) -> list[Runner]:
     """kvstore-client runners per transport and Mooncake-store runners (timed interleaved)."""
     if ctx.pools is None:
         return []
     made = []
-    for transport in kv_transports():
+    for transport in kv_transports() if transports is None else transports:
         made += kvstore_runners(ctx.pools, ctx.total, size, transport)
     if ctx.pools.mc_store is not None:
         made += mooncake_runners(ctx.pools, ctx.total, size)
@@ -418,14 +418,23 @@ def _with_server(base: Ctx, nixl: bool, make: Callable[[Ctx, int], list[Runner]]
 
 
 def _with_pools(base: Ctx) -> list[Row]:
+    """The store rows: shm, tcp and Mooncake against a node without a NIXL agent, then
+    (when installed) the kv-nixl rows against a node serving NIXL."""
+    rows = _pools_phase(base, ["shm", "tcp"], mooncake_available(), False)
+    if nixl_available():
+        rows += _pools_phase(base, ["nixl"], False, True)
+    return rows
+
+
+def _pools_phase(base: Ctx, transports: list[str], mooncake: bool, nixl: bool) -> list[Row]:
     # kv: get + put objects per transport; Mooncake: get + put objects
     # 3x, not 2x: at 2x the data of 3 transports is 96% of the pool, past the
     # master's 95% high watermark, and eviction drops another row's get keys.
-    kv_bytes = 3 * base.total * len(kv_transports()) + 64 * MiB
-    pools = start_pools(kv_bytes, 2 * base.total + 64 * MiB, mooncake_available())
+    kv_bytes = 3 * base.total * len(transports) + 64 * MiB
+    pools = start_pools(kv_bytes, 2 * base.total + 64 * MiB, mooncake, nixl)
     try:
         ctx = replace(base, pools=pools)
-        return run_phase(ctx, lambda c, s: baseline_runners(c, s) + extra_runners(c, s))
+        return run_phase(ctx, lambda c, s: baseline_runners(c, s) + extra_runners(c, s, transports))
     finally:
         pools.close()
 

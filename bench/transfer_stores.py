@@ -118,14 +118,19 @@ def _wait_port(port: int) -> None:
     raise RuntimeError(f"mooncake_master is not listening on {port}")
 
 
-def start_pools(kv_bytes: int, mc_bytes: int, with_mooncake: bool) -> Pools:
-    """kvstore master + node lending `kv_bytes` (and Mooncake master + a `mc_bytes` holder)."""
+def start_pools(
+    kv_bytes: int, mc_bytes: int, with_mooncake: bool, with_nixl: bool | None = None
+) -> Pools:
+    """kvstore master + node lending `kv_bytes` (and Mooncake master + a `mc_bytes` holder);
+    the node serves NIXL too with `with_nixl` (None: when installed). A NIXL agent spins
+    a core while alive: rows that do not use it should run against a node without one."""
     kv = [sys.executable, "-m", "cli.main"]
     pools = Pools(kv_master="")
     try:
         master = _spawn(pools, [*kv, "master", "--listen", "127.0.0.1:0"])
         pools.kv_master = _ready_line(master, b"kvstore master").split()[4].decode()
-        nixl = ["--nixl"] if nixl_available() else []  # for the kv-nixl rows
+        serve_nixl = nixl_available() if with_nixl is None else with_nixl
+        nixl = ["--nixl"] if serve_nixl else []  # for the kv-nixl rows
         node = _spawn(pools, [*kv, "node", "--master", pools.kv_master,
                               "--dram-mib", str(kv_bytes / MiB), *nixl])  # fmt: skip
         _ready_line(node, b"kvstore node ")
