@@ -1,18 +1,26 @@
-"""Benchmark: master metadata throughput (batched lookups, put start+end), over gRPC.
+"""Benchmark: master metadata throughput (batched lookups, put start+end) and footprint.
 
 Starts a real master process on 127.0.0.1 and drives it from this process with
 grpc.aio: (a) BatchLookup of `--batch` keys per RPC, (b) PutStart+PutEnd of
 `--batch` keys per RPC pair, (c) the baseline measured in the same run: the
-same lookups one key per RPC. Repeated lookups hit the master's per-object
-cache of encoded results; "first time" is one pass over keys never looked up.
-Reports keys/s and the batched/unbatched ratio; target: >= 50,000 batched
-lookups/s on a 2-core machine. When Mooncake's
-`mooncake_master` and `mooncake.store` are installed, the same batched lookup
-(`batch_get_replica_desc`) and metadata-only two-phase put
-(`batch_put_session_start/end`) run against it side by side, from its C++
-client (one call at a time); otherwise the bench says why and skips that column.
+same lookups one key per RPC. Requests are built before the clock starts (the
+master's cost is measured, not this client's). "first time" is one pass over
+keys never looked up. Targets: put start+end >= Mooncake's master, batched
+lookups >= 250,000 keys/s. When Mooncake's `mooncake_master` and
+`mooncake.store` are installed, the same batched lookup (`batch_get_replica_desc`)
+and metadata-only two-phase put (`batch_put_session_start/end`) run against it
+side by side, from its C++ client (one call at a time); otherwise the bench
+says why and skips that column.
+
+Footprint (`--footprint N,N,...`, default 1M and 10M objects): a fresh master
+per size is filled with N committed objects (32-char keys, one replica each);
+reported are its RSS growth per object (VmRSS after minus after mounting, over
+N), its put rate while filling, and batched lookups/s of random keys at that
+size. Target: <= 250 bytes of RSS per committed object at 10M objects, lookups
+still >= 250,000 keys/s. Results go to bench/results/master.json (`--save`).
 
     python bench/master.py [--quick] [--json] [--batch N] [--keys N] [--inflight N]
+                           [--footprint 1000000,10000000] [--save PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -33,9 +42,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore.master.server import grpc_options
+from kvstore.master.wire import field, varint
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
-TARGET_LOOKUPS = 50_000
+TARGET_LOOKUPS = 250_000
+TARGET_BYTES_PER_OBJECT = 250
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "master.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inflight", type=int, default=4, help="concurrent RPCs")
     p.add_argument("--seconds", type=float, help="time per lookup measurement")
     p.add_argument("--no-mooncake", action="store_true", help="skip the Mooncake column")
+    p.add_argument(
+        "--footprint", help="object counts for the footprint rows (default 1M,10M; quick 200k)"
+    )
+    p.add_argument("--save", default=None, help=f"write the JSON here (default {RESULTS})")
     p.add_argument("--quick", action="store_true", help="short run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p.parse_args(argv)
@@ -56,20 +72,110 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A master without the security guard (kvstore.security): the same servicer, state and
+# gRPC edge as kvstore.master.server.serve, for the rows that measure the metadata path.
+_UNGUARDED = """
+import asyncio
+from kvstore import edge
+from kvstore.master.config import MasterConfig
+from kvstore.master.metadata import MasterState
+from kvstore.master.server import _tick_forever
+from kvstore.master.service import MasterServicer
+from kvstore.v1 import master_pb2_grpc
+
+async def main():
+    config = MasterConfig(listen="127.0.0.1:{port}")
+    servicer = MasterServicer(MasterState(config), "bench")
+    add = lambda s: master_pb2_grpc.add_MasterServicer_to_server(servicer, s)
+    server = await edge.start_server(config.listen, add, ["kvstore.v1.Master"],
+                                     component="master", max_message_bytes=config.max_message_bytes)
+    try:
+        await _tick_forever(servicer, config.tick_interval_s)
+    finally:
+        await server.stop(0.5)
+
+asyncio.run(main())
+"""
+
+
 @contextmanager
-def master_process(port: int) -> Iterator[str]:
-    """A kvstore master in its own process; yields its address once it is SERVING."""
+def master_process(port: int, guard: bool = True) -> Iterator[tuple[str, int]]:
+    """A kvstore master in its own process (`guard`: as `kvstore master` runs it, with
+    the security guard; else without); yields (address, pid) once it is SERVING."""
     code = f"from kvstore.master.server import run_master; run_master('127.0.0.1:{port}')"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    if not guard:
+        code = _UNGUARDED.replace("{port}", str(port))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     addr = f"127.0.0.1:{port}"
     try:
         with grpc.insecure_channel(addr) as ch:
             req = health_pb2.HealthCheckRequest(service="kvstore.v1.Master")
             health_pb2_grpc.HealthStub(ch).Check(req, timeout=20, wait_for_ready=True)
-        yield addr
+        yield addr, proc.pid
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=30)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def put_start_request(keys: list[str], size: int = 4096) -> master_pb2.PutStartRequest:
+    """A PutStartRequest of `keys` (client "c"), from its encoding: cheap to build."""
+    tail = b"\x10" + varint(size)
+    items = b"".join(field(b"\x1a", field(b"\x0a", k.encode()) + tail) for k in keys)
+    return master_pb2.PutStartRequest.FromString(b"\x0a\x01c" + items)
+
+
+def key_of(i: int) -> str:
+    return f"{i:032x}"
+
+
+async def mount_pool(stub: master_pb2_grpc.MasterStub) -> asyncio.Task[None]:
+    """One node with a 1 TiB DRAM segment (metadata only: nothing is allocated); the
+    task that heartbeats for it (else the master declares it dead after node_ttl_s)."""
+    await stub.RegisterNode(master_pb2.RegisterNodeRequest(node_id="n1"))
+    await stub.MountSegment(
+        master_pb2.MountSegmentRequest(
+            node_id="n1", segment="s", tier=common_pb2.TIER_DRAM, capacity=1 << 40
+        )
+    )
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await stub.Heartbeat(master_pb2.HeartbeatRequest(node_id="n1"))
+
+    return asyncio.create_task(beat())
+
+
+async def put_all(
+    stub: master_pb2_grpc.MasterStub, start: int, n: int, batch: int, inflight: int
+) -> float:
+    """PutStart + PutEnd keys start..start+n, `inflight` batches at a time; keys/s (the
+    requests of a batch are built here, ~0.5 us a key, while others are in flight)."""
+    bounds = [(i, min(start + n, i + batch)) for i in range(start, start + n, batch)]
+    queue = iter(bounds)
+
+    async def worker() -> None:
+        for lo, hi in queue:
+            keys = [key_of(i) for i in range(lo, hi)]
+            ps, pe = put_start_request(keys), master_pb2.PutEndRequest(client_id="c", keys=keys)
+            res = await stub.PutStart(ps)
+            await stub.PutEnd(pe)
+            assert res.results[0].status.code == 0, res.results[0].status.message
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return n / (time.perf_counter() - start)
 
 
 async def gather_limited(jobs: list[Callable[[], Awaitable[None]]], inflight: int) -> None:
@@ -85,33 +191,34 @@ async def gather_limited(jobs: list[Callable[[], Awaitable[None]]], inflight: in
 async def bench_kvstore(addr: str, args: argparse.Namespace) -> dict[str, float]:
     async with grpc.aio.insecure_channel(addr, options=grpc_options()) as ch:
         stub = master_pb2_grpc.MasterStub(ch)
-        await stub.RegisterNode(master_pb2.RegisterNodeRequest(node_id="n1"))
-        await stub.MountSegment(
-            master_pb2.MountSegmentRequest(
-                node_id="n1", segment="s", tier=common_pb2.TIER_DRAM, capacity=1 << 40
-            )
-        )
-        keys = [f"{i:032x}" for i in range(args.keys)]
+        beat = await mount_pool(stub)
+        keys = [key_of(i) for i in range(args.keys)]
         batches = [keys[i : i + args.batch] for i in range(0, len(keys), args.batch)]
+        reqs = [
+            (put_start_request(b), master_pb2.PutEndRequest(client_id="c", keys=b)) for b in batches
+        ]
 
-        async def put(batch: list[str]) -> None:
-            items = [master_pb2.PutStartItem(key=k, size=4096) for k in batch]
-            await stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=items))
-            await stub.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=batch))
+        async def put(ps: master_pb2.PutStartRequest, pe: master_pb2.PutEndRequest) -> None:
+            await stub.PutStart(ps)
+            await stub.PutEnd(pe)
 
         start = time.perf_counter()
-        await gather_limited([lambda b=b: put(b) for b in batches], args.inflight)
+        await gather_limited([lambda r=r: put(*r) for r in reqs], args.inflight)
         put_rate = len(keys) / (time.perf_counter() - start)
 
-        async def lookup(batch: list[str]) -> None:
-            res = await stub.BatchLookup(master_pb2.BatchLookupRequest(keys=batch))
-            assert len(res.results) == len(batch)
+        lreqs = [master_pb2.BatchLookupRequest(keys=b) for b in batches]
+        singles = [master_pb2.BatchLookupRequest(keys=[k]) for k in keys[:10_000]]
 
-        start = time.perf_counter()  # first lookup of each key: nothing cached yet
-        await gather_limited([lambda b=b: lookup(b) for b in batches], args.inflight)
+        async def lookup(req: master_pb2.BatchLookupRequest) -> None:
+            res = await stub.BatchLookup(req)
+            assert len(res.results) == len(req.keys) and res.results[0].status.code == 0
+
+        start = time.perf_counter()  # first lookup of each key
+        await gather_limited([lambda r=r: lookup(r) for r in lreqs], args.inflight)
         cold = len(keys) / (time.perf_counter() - start)
-        batched = await rate(lambda i: lookup(batches[i % len(batches)]), args)
-        single = await rate(lambda i: lookup([keys[i % len(keys)]]), args)
+        batched = await rate(lambda i: lookup(lreqs[i % len(lreqs)]), args)
+        single = await rate(lambda i: lookup(singles[i % len(singles)]), args)
+        beat.cancel()
     return {
         "put_keys_per_s": put_rate,
         "lookup_keys_per_s": batched * args.batch,
@@ -134,6 +241,79 @@ async def rate(call: Callable[[int], Awaitable[None]], args: argparse.Namespace)
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(args.inflight)))
     return done / (time.perf_counter() - start)
+
+
+async def bench_footprint(n: int, args: argparse.Namespace, guard: bool = True) -> dict[str, float]:
+    """A fresh master filled with `n` committed objects: RSS per object, put and lookup rates."""
+    with master_process(free_port(), guard) as (addr, pid):
+        async with grpc.aio.insecure_channel(addr, options=grpc_options()) as ch:
+            stub = master_pb2_grpc.MasterStub(ch)
+            beat = await mount_pool(stub)
+            await put_all(stub, 0, args.batch, args.batch, 1)  # warm up: first batch
+            await asyncio.sleep(1.0)
+            before = rss_bytes(pid)
+            put_rate = await put_all(stub, args.batch, n - args.batch, args.batch, args.inflight)
+            await asyncio.sleep(1.0)  # a tick or two: nothing in flight
+            after = rss_bytes(pid)
+            rng = random.Random(n)
+            picks = [[key_of(rng.randrange(n)) for _ in range(args.batch)] for _ in range(64)]
+            lreqs = [master_pb2.BatchLookupRequest(keys=keys) for keys in picks]
+
+            async def lookup(req: master_pb2.BatchLookupRequest) -> None:
+                res = await stub.BatchLookup(req)
+                assert res.results[-1].status.code == 0
+
+            looked = await rate(lambda i: lookup(lreqs[i % len(lreqs)]), args) * args.batch
+            stats = await stub.Stats(master_pb2.StatsRequest())
+            assert stats.objects == n, f"{stats.objects} objects, wanted {n}"
+            end = rss_bytes(pid)
+            beat.cancel()
+    return {
+        "objects": n, "rss_mounted_mib": before / 2**20, "rss_filled_mib": after / 2**20,
+        "rss_after_lookups_mib": end / 2**20, "bytes_per_object": (after - before) / n,
+        "put_keys_per_s": put_rate, "lookup_keys_per_s": looked,
+    }  # fmt: skip
+
+
+def core_probe(n: int, batch: int) -> dict[str, float]:
+    """(In a fresh process.) The metadata core alone, `MasterState` with no gRPC, guard
+    or journal, filled with `n` committed objects the way the servicer fills it: RSS
+    growth per object and the core's put rate (CPU seconds)."""
+    from kvstore.master.batch import PutColumns
+    from kvstore.master.config import MasterConfig
+    from kvstore.master.metadata import MasterState
+    from kvstore.master.model import Endpoint
+    from kvstore.types import Tier
+
+    state = MasterState(MasterConfig())
+    state.register_node("n1", Endpoint())
+    state.mount_segment("n1", "s", Tier.DRAM, 1 << 40)
+    before = rss_bytes(os.getpid())
+    cpu = 0.0
+    for lo in range(0, n, batch):
+        keys = [key_of(i) for i in range(lo, min(n, lo + batch))]
+        m = len(keys)
+        cols = PutColumns(keys, [4096] * m, [1] * m, [""] * m, [""] * m, [-1] * m, [0.0] * m)
+        t = time.process_time()
+        state.put_start_columns("c", "", cols)
+        state.put_end_durable("c", keys)
+        cpu += time.process_time() - t
+    del keys, cols
+    after = rss_bytes(os.getpid())
+    return {"objects": n, "bytes_per_object": (after - before) / n, "put_keys_per_cpu_s": n / cpu}
+
+
+def bench_core(n: int, args: argparse.Namespace) -> dict[str, float]:
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import master; "
+        "print(json.dumps(master.core_probe(int(sys.argv[2]), int(sys.argv[3]))))"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", code, here, str(n), str(args.batch)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_mooncake(args: argparse.Namespace) -> dict[str, float] | str:
@@ -213,27 +393,39 @@ def sync_rate(call: Callable[[int], None], seconds: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, object]:
     args.keys = args.keys or (20_000 if args.quick else 100_000)
     args.seconds = args.seconds or (1.0 if args.quick else 3.0)
-    with master_process(free_port()) as addr:
+    sizes = args.footprint or ("200000" if args.quick else "1000000,10000000")
+    with master_process(free_port()) as (addr, _):
         ours = asyncio.run(bench_kvstore(addr, args))
+    with master_process(free_port(), guard=False) as (addr, _):
+        unguarded = asyncio.run(bench_kvstore(addr, args))
     mooncake = "skipped (--no-mooncake)" if args.no_mooncake else bench_mooncake(args)
+    footprint = []
+    for n in [int(x) for x in sizes.split(",") if x]:
+        row = asyncio.run(bench_footprint(n, args))
+        row["unguarded"] = asyncio.run(bench_footprint(n, args, guard=False))
+        row["core"] = bench_core(n, args)
+        footprint.append(row)
     out: dict[str, object] = {
         "keys": args.keys, "batch": args.batch, "inflight": args.inflight, "kvstore": ours,
+        "kvstore_unguarded": unguarded,
         "batched_vs_unbatched": ours["lookup_keys_per_s"] / ours["lookup_unbatched_keys_per_s"],
         "lookup_vs_target": ours["lookup_keys_per_s"] / TARGET_LOOKUPS,
-        "mooncake": mooncake,
+        "mooncake": mooncake, "footprint": footprint,
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": list(os.getloadavg())},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
     if isinstance(mooncake, dict):
         out["lookup_vs_mooncake"] = ours["lookup_keys_per_s"] / mooncake["lookup_keys_per_s"]
         out["put_vs_mooncake"] = ours["put_keys_per_s"] / mooncake["put_keys_per_s"]
+        out["put_unguarded_vs_mooncake"] = unguarded["put_keys_per_s"] / mooncake["put_keys_per_s"]
     return out
 
 
 def print_table(r: dict[str, object]) -> None:
-    ours = r["kvstore"]
-    mc = r["mooncake"]
-    assert isinstance(ours, dict)
+    ours, bare, mc = r["kvstore"], r["kvstore_unguarded"], r["mooncake"]
+    assert isinstance(ours, dict) and isinstance(bare, dict)
     print(f"master bench: {r['keys']} keys, batch {r['batch']}, {r['inflight']} in flight")
-    print(f"{'op':<28}{'kvstore keys/s':>16}{'mooncake keys/s':>18}")
+    print(f"{'op':<28}{'kvstore keys/s':>16}{'(no guard)':>12}{'mooncake keys/s':>18}")
     for label, key in [
         ("batched lookup", "lookup_keys_per_s"),
         ("batched lookup, first time", "lookup_first_keys_per_s"),
@@ -243,20 +435,50 @@ def print_table(r: dict[str, object]) -> None:
     ]:
         theirs = f"{mc[key]:,.0f}" if isinstance(mc, dict) and key in mc else "-"
         mine = f"{ours[key]:,.0f}" if key in ours else "-"
-        print(f"{label:<28}{mine:>16}{theirs:>18}")
+        plain = f"{bare[key]:,.0f}" if key in bare else "-"
+        print(f"{label:<28}{mine:>16}{plain:>12}{theirs:>18}")
+    print("(no guard: the same master without kvstore.security's per-call checks and ledger)")
     print(f"batched / unbatched lookup: {r['batched_vs_unbatched']:.1f}x")
     print(f"batched lookup / target {TARGET_LOOKUPS:,}: {r['lookup_vs_target']:.2f}x")
     if isinstance(mc, dict):
         print(
-            f"vs mooncake: lookup {r['lookup_vs_mooncake']:.2f}x, put {r['put_vs_mooncake']:.2f}x"
+            f"vs mooncake: lookup {r['lookup_vs_mooncake']:.2f}x, put {r['put_vs_mooncake']:.2f}x "
+            f"(no guard: {r['put_unguarded_vs_mooncake']:.2f}x)"
         )
     else:
         print(f"mooncake column skipped: {mc}")
+    rows = r.get("footprint") or []
+    if rows:
+        print(
+            f"footprint (target <= {TARGET_BYTES_PER_OBJECT} B/object, "
+            f"lookups >= {TARGET_LOOKUPS:,}/s):"
+        )
+        cols = f"{'objects':>12}{'master':>12}{'RSS':>10}{'B/object':>10}"
+        print(f"{cols}{'put keys/s':>12}{'lookups/s':>12}")
+        for f in rows:
+            for label, g in (("kvstore", f), ("no guard", f.get("unguarded"))):
+                if g:
+                    print(
+                        f"{f['objects']:>12,}{label:>12}{g['rss_filled_mib']:>6.0f} MiB"
+                        f"{g['bytes_per_object']:>10.0f}{g['put_keys_per_s']:>12,.0f}"
+                        f"{g['lookup_keys_per_s']:>12,.0f}"
+                    )
+            core = f.get("core")
+            if core:
+                print(f"{f['objects']:>12,}{'core':>12}{'':>10}{core['bytes_per_object']:>10.0f}"
+                      f"{core['put_keys_per_cpu_s']:>12,.0f}{'-':>12}")  # fmt: skip
+        print("(B/object: RSS growth of the master process per committed object; core: the")
+        print(" metadata core alone (MasterState, no gRPC), put rate in keys per CPU second)")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
+    save = args.save or (None if args.quick else RESULTS)
+    if save:
+        os.makedirs(os.path.dirname(os.path.abspath(save)), exist_ok=True)
+        with open(save, "w") as f:
+            json.dump(result, f, indent=1)
     if args.json:
         print(json.dumps(result))
     else:

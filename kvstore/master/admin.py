@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError, NotReadyError
 from kvstore.master import leases
 from kvstore.master.eviction import group_evictable
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import ObjectMeta, ObjectState
+from kvstore.master.objects import NO_READER, SHARED_READER, ObjectTable
 from kvstore.types import Tier
 
 MAX_LISTED_KEYS = 1000
@@ -194,12 +197,17 @@ def cordon(state: MasterState, node_id: str, on: bool) -> list[str]:
 
 class ReaderBook:
     """Per key, the one reader whose lease is live, or SHARED when several (or an
-    anonymous one) are. One dict operation per lookup hit; `prune` drops expired ones."""
+    anonymous one) are. Given the master's object table, it reads the table's `reader`
+    column (written with the leases by `MasterState.lookup_rows(..., reader=)`: nothing
+    per key here); without one, it keeps a dict (`record`, `prune`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, table: ObjectTable | None = None) -> None:
         self._by_key: dict[str, tuple[str, float]] = {}
+        self._t = table
 
     def __len__(self) -> int:
+        if self._t is not None:
+            return int(np.count_nonzero(self._t.col["reader"][: self._t.high] != NO_READER))
         return len(self._by_key)
 
     def record(self, key: str, reader: str, now: float, until: float) -> None:
@@ -211,8 +219,24 @@ class ReaderBook:
             until = max(until, prior[1])
         self._by_key[key] = (reader, until)
 
+    def record_many(self, keys: Sequence[str], reader: str, now: float, until: float) -> None:
+        """`record` of each key (one lookup batch: one shared entry where nothing differs)."""
+        by_key = self._by_key
+        mine = (reader or SHARED, until)
+        for key in keys:
+            prior = by_key.get(key)
+            if prior is None or (prior[1] <= until and (prior[1] <= now or prior[0] == mine[0])):
+                by_key[key] = mine
+            else:
+                self.record(key, reader, now, until)
+
     def holder(self, key: str, now: float) -> str:
         """The sole live lease holder of `key`; "" when none or several."""
+        if self._t is not None:
+            i = self._t.index.find(key)
+            if i < 0 or self._t.lease_v[i] <= now or self._t.reader_v[i] < 0:
+                return ""
+            return self._t.writer_names[self._t.reader_v[i]]
         entry = self._by_key.get(key)
         if entry is None or entry[1] <= now or entry[0] == SHARED:
             return ""
@@ -222,11 +246,13 @@ class ReaderBook:
         """True when `reader` alone holds every live lease of `obj` and nothing pins it."""
         if not reader or obj.pin_until > now or obj.state is not ObjectState.COMPLETE:
             return False
+        if self._t is not None:
+            return self._t.reader_v[obj.id] == self._t.writer_ids.get(reader, SHARED_READER)
         entry = self._by_key.get(obj.key)
         return entry is not None and entry[0] == reader and entry[1] >= obj.lease_until
 
     def prune(self, now: float) -> int:
-        """Forget expired entries; how many."""
+        """Forget expired entries; how many (a table-backed book keeps none)."""
         old = [k for k, (_, until) in self._by_key.items() if until <= now]
         for key in old:
             del self._by_key[key]

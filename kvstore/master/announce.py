@@ -86,11 +86,9 @@ def _adopt_one(
         seg.allocator.allocate_at(offset, length)
     except BadRequestError:
         return "refused"  # overlaps live data placed since the node went away
-    obj = ObjectMeta(key, length, key, ObjectState.COMPLETE, [loc], "", state.clock())
-    obj.checksum = checksum
-    state.objects[key] = obj
-    state.groups.add(key, key)
-    seg.keys.add(key)
+    obj = state._new_object(
+        key, length, key, ObjectState.COMPLETE, [loc], "", state.clock(), checksum
+    )
     state.journal.save_object(obj)
     return "adopted"
 

@@ -88,7 +88,7 @@ class Extents:
         """Bytes the allocator holds for the range at `loc` (its length, aligned up)."""
         seg = self._segment_of(loc.node_id, loc.segment)
         assert seg is not None
-        return seg.allocator.size_of(loc.offset)
+        return seg.allocator.aligned(loc.length)
 
     def owned(self, client_id: str, extent_id: int, now: float) -> Extent:
         """The live extent `extent_id` of `client_id` (NotFoundError once it ended)."""
@@ -113,7 +113,7 @@ class Extents:
                 f"extent {ext.extent_id}"
             )
         length = ext.pieces.pop(start)
-        alloc.free(start)
+        alloc.free(start, length)
         end = start + length
         for lo, hi in ((start, item.offset), (item.offset + size, end)):
             if hi > lo:
@@ -132,7 +132,7 @@ class Extents:
         freed = 0
         for start, length in ext.pieces.items():
             if seg is not None:
-                seg.allocator.free(start)
+                seg.allocator.free(start, length)
             freed += length
         ext.pieces.clear()
         return freed

@@ -4,6 +4,12 @@
 implements the two-phase put, leased lookups, prefix matching, removal,
 watermark eviction, writer-death reclaim and node-death cleanup. Batched calls
 return one result per key: a value, or a `KVStoreError` instance for that key.
+
+Objects are rows of an `ObjectTable` (kvstore.master.objects: a struct of
+arrays, ~150 bytes per committed object); `objects` maps keys to `ObjectMeta`
+views of them. PutStart, PutEnd and lookups run batched (kvstore.master.batch);
+every object is created by `_new_objects`. Segment allocators do not track
+allocations (the table holds every range): `free` is given the length.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from kvstore.errors import (
     BadRequestError,
     ExistsError,
@@ -22,12 +30,13 @@ from kvstore.errors import (
     NotFoundError,
     NotReadyError,
 )
-from kvstore.master import leases
+from kvstore.master import batch, commit, leases, lookups
+from kvstore.master.batch import PutColumns, RowBatch
 from kvstore.master.config import MasterConfig
 from kvstore.master.eviction import GroupIndex, evictable_groups
 from kvstore.master.extents import CommitItem, Extent, Extents
 from kvstore.master.journal import MetaJournal, NullJournal
-from kvstore.master.liveness import AllocatorFactory, NodeRegistry, default_allocator
+from kvstore.master.liveness import AllocatorFactory, NodeRegistry
 from kvstore.master.model import (
     Counters,
     Endpoint,
@@ -35,13 +44,23 @@ from kvstore.master.model import (
     ObjectState,
     PutItem,
     Segment,
+    SpaceAllocator,
 )
+from kvstore.master.objects import ObjectTable
 from kvstore.master.placement import place, rank_segments
-from kvstore.master.tiering import MoveResult, Tiering, same_replica
+from kvstore.master.tiering import MoveResult, Tiering, is_durable, same_replica
 from kvstore.types import Location, Tier, check_key
 
 Clock = Callable[[], float]
 KeyError_ = KVStoreError | None
+_I64 = np.int64
+
+
+def master_allocator(capacity: int, alignment: int) -> SpaceAllocator:
+    """A segment's allocator in the master: untracked (the object table has the ranges)."""
+    from kvstore.tiers.allocator import OffsetAllocator
+
+    return OffsetAllocator(capacity, alignment, track=False)
 
 
 class MasterState:
@@ -51,18 +70,20 @@ class MasterState:
         self,
         config: MasterConfig,
         clock: Clock = time.monotonic,
-        allocator_factory: AllocatorFactory = default_allocator,
+        allocator_factory: AllocatorFactory = master_allocator,
         journal: MetaJournal | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
         self.registry = NodeRegistry(config.node_ttl_s, allocator_factory)
-        self.objects: dict[str, ObjectMeta] = {}
-        self.groups = GroupIndex()
+        self.objects = ObjectTable()
+        self.groups = GroupIndex(self.objects)
         self.writing: dict[str, float] = {}  # key -> started_at, oldest first
         self.counters = Counters()
         self.journal: MetaJournal = journal or NullJournal()
+        self.journaled = not isinstance(self.journal, NullJournal)
         self.tiering = Tiering(self)
+        self._durable = np.zeros(0, bool)  # per segment slot: a durable tier
         self.extents = Extents(self._segment_or_none, config.extent_ttl_s)
 
     # ---- nodes and segments -------------------------------------------------
@@ -86,10 +107,22 @@ class MasterState:
         """Mount (or remount) a segment; `shm`: same-host peers may map it by name."""
         align = alignment or self.config.default_alignment
         seg, changed = self.registry.mount(node_id, name, tier, capacity, align, shm)
-        self.tiering.segments_changed()
+        self._attach(seg)
         if changed:
             self.journal.save_segment(seg)
         return seg
+
+    def _attach(self, seg: Segment) -> None:
+        self.objects.attach(seg)
+        self.tiering.segments_changed()
+        slots = self.objects.segments
+        self._durable = np.zeros(max(slots, default=-1) + 1, bool)
+        for slot, s in slots.items():
+            self._durable[slot] = is_durable(s.tier)
+
+    def durable_slots(self) -> np.ndarray:
+        """Per segment slot: whether its tier is durable (PutEnd persists there)."""
+        return self._durable
 
     def unmount_segment(self, node_id: str, name: str) -> tuple[int, int]:
         """Unmount; drop every replica in it. Returns (dropped replicas, removed objects)."""
@@ -103,13 +136,13 @@ class MasterState:
         for key in sorted(seg.keys):
             obj = self.objects[key]
             obj.replicas = [r for r in obj.replicas if (r.node_id, r.segment) != (node_id, name)]
-            obj.wire = None
             dropped += 1
             if obj.state is ObjectState.WRITING or not obj.replicas:
                 self._drop(obj)
                 removed += 1
             else:
                 self.journal.save_object(obj)
+        self.objects.detach(seg)
         self.counters.dropped_replicas += dropped
         return dropped, removed
 
@@ -119,10 +152,16 @@ class MasterState:
         self, client_id: str, client_node: str, items: Sequence[PutItem]
     ) -> list[list[Location] | KVStoreError]:
         """Reserve space for each new key; exactly one concurrent writer of a key wins."""
-        now = self.clock()
-        out = [self._put_one(client_id, client_node, item, now) for item in items]
+        res = self.put_start_columns(client_id, client_node, PutColumns.from_items(items))
+        t = self.objects
+        return [res.errors[j] if i < 0 else t.replicas(i) for j, i in enumerate(res.ids.tolist())]
+
+    def put_start_columns(self, client_id: str, client_node: str, cols: PutColumns) -> RowBatch:
+        """`put_start` of a batch given as columns: per key its new row id or its error
+        (the service encodes replies from the rows)."""
+        res = batch.put_start(self, client_id, client_node, cols)
         self.evict_to_watermark()
-        return out
+        return res
 
     def _put_one(
         self, client_id: str, client_node: str, item: PutItem, now: float
@@ -138,15 +177,80 @@ class MasterState:
             return NoSpaceError(
                 f"no room for {item.size} bytes x {item.replicas} replicas of {item.key!r}"
             )
-        group = item.group or item.key
-        obj = ObjectMeta(item.key, item.size, group, ObjectState.WRITING, locs, client_id, now)
-        obj.pin_ttl_s = leases.pin_ttl(self.config, item.pin_ttl_s)
-        self.objects[item.key] = obj
-        self.writing[item.key] = now
-        self.groups.add(group, item.key)
-        for loc in locs:
-            self.registry.segment(loc.node_id, loc.segment).keys.add(item.key)
+        obj = self._new_object(
+            item.key, item.size, item.group, ObjectState.WRITING, locs, client_id, now
+        )
+        ttl = leases.pin_ttl(self.config, item.pin_ttl_s)
+        if ttl > 0:
+            self.objects.pin_ttl[obj.id] = ttl
         return locs
+
+    def _new_object(
+        self, key: str, size: int, group: str, state: ObjectState, locs: Sequence[Location],
+        writer: str, now: float, checksum: int = 0,
+    ) -> ObjectMeta:  # fmt: skip
+        """Create one object (see `_new_objects`); its view."""
+        t = self.objects
+        one = len(locs) == 1 and locs[0].length == size
+        i = t.new_id()
+        self._new_row(
+            i, key, size, t.slot_of(locs[0]) if one else -1, locs[0].offset if one else 0,
+            group, state, t.writer_id(writer), now, checksum,
+        )  # fmt: skip
+        if not one:
+            t.set_replicas(i, locs)
+        return ObjectMeta(t, i, key)
+
+    def _new_objects(
+        self, keys: Sequence[str], sizes: np.ndarray, slots: np.ndarray, offsets: np.ndarray,
+        groups: Sequence[str] | None, state: ObjectState, writer: int, now: float,
+        checksums: Sequence[int] | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """Create objects (keys absent and distinct), each with one replica (slots[i],
+        offsets[i], length sizes[i]; the space is already allocated), in group order
+        (groups[i] "" = its own); WRITING ones are listed in `writing`. Their row ids.
+        The one place objects are born: puts, adoption, restore and extent commits."""
+        t = self.objects
+        ids = t.new_ids(len(keys))
+        if len(keys) == 1:  # one object (announce, restore, small puts): no numpy call per field
+            self._new_row(int(ids[0]), keys[0], int(sizes[0]), int(slots[0]), int(offsets[0]),
+                          groups[0] if groups else "", state, writer, now,
+                          checksums[0] if checksums else 0)  # fmt: skip
+            return ids
+        t.index.insert_many(ids, keys)
+        col = t.col
+        col["state"][ids] = int(state)
+        col["size"][ids] = sizes
+        col["seg"][ids] = slots
+        col["offset"][ids] = offsets
+        col["lease"][ids] = 0.0
+        col["pin"][ids] = 0.0
+        col["started"][ids] = now
+        col["checksum"][ids] = 0 if checksums is None else np.array(checksums, np.uint64)
+        col["slow"][ids] = 0
+        col["writer"][ids] = writer
+        col["group"][ids] = -1
+        col["lru"][ids] = -1
+        col["reader"][ids] = -1
+        self.groups.add_many(ids, keys, groups)
+        if state is ObjectState.WRITING:
+            self.writing.update(dict.fromkeys(keys, now))
+        return ids
+
+    def _new_row(
+        self, i: int, key: str, size: int, slot: int, offset: int, group: str,
+        state: ObjectState, writer: int, now: float, checksum: int,
+    ) -> None:  # fmt: skip
+        """`_new_objects` of one object, field by field (see there)."""
+        t = self.objects
+        t.index.insert(i, key)
+        t.state_v[i], t.size_v[i], t.seg_v[i], t.offset_v[i] = int(state), size, slot, offset
+        t.lease_v[i] = t.pin_v[i] = 0.0
+        t.started_v[i], t.checksum_v[i], t.slow_v[i], t.writer_v[i] = now, checksum, 0, writer
+        t.group_v[i] = t.lru_v[i] = t.reader_v[i] = -1
+        self.groups.add_one(i, key, group)
+        if state is ObjectState.WRITING:
+            self.writing[key] = now
 
     def _place_or_evict(self, item: PutItem, client_node: str) -> list[Location] | None:
         """Place `item`; if the pool is full, evict LRU groups that free a usable tier."""
@@ -187,41 +291,7 @@ class MasterState:
     ) -> tuple[list[KeyError_], dict[int, list[int]]]:
         """`put_end`, plus (index -> PERSIST task ids) of the keys with durable replicas:
         the caller answers once the nodes have indexed them."""
-        if checksums and len(checksums) != len(keys):
-            raise BadRequestError(f"{len(checksums)} checksums for {len(keys)} keys")
-        now = self.clock()
-        results: list[KeyError_] = []
-        waits: dict[int, list[int]] = {}
-        for i, key in enumerate(keys):
-            res = self._end_one(client_id, key, now, checksums[i] if checksums else 0)
-            if isinstance(res, ObjectMeta):  # committed by this call
-                ids = self.tiering.persist(res)
-                if ids:
-                    waits[i] = ids
-                res = None
-            results.append(res)
-        return results, waits
-
-    def _end_one(
-        self, client_id: str, key: str, now: float, checksum: int = 0
-    ) -> KeyError_ | ObjectMeta:
-        """The key's error, None if it was already committed, or the object it commits."""
-        obj = self.objects.get(key)
-        if obj is None:
-            return NotFoundError(f"no put in progress for {key!r} (revoked or timed out?)")
-        if obj.writer != client_id:
-            return ExistsError(f"{key!r} is written by another client")
-        if obj.state is ObjectState.COMPLETE:
-            return None
-        obj.state = ObjectState.COMPLETE
-        obj.checksum = checksum
-        del self.writing[key]
-        for loc in obj.replicas:
-            self.registry.segment(loc.node_id, loc.segment).counters.bytes_in += obj.size
-        leases.extend_pin(obj, now, obj.pin_ttl_s)
-        self.groups.touch(obj.group)
-        self.journal.save_object(obj)
-        return obj
+        return commit.put_end(self, client_id, keys, checksums)
 
     # ---- extent leases (kvstore.master.extents) -----------------------------
 
@@ -294,14 +364,14 @@ class MasterState:
             return loc
         if old is not None:
             self._reclaim(old)
-        group = item.group or item.key
-        obj = ObjectMeta(item.key, item.size, group, ObjectState.WRITING, [loc], client_id, now)
-        self.objects[item.key] = obj
-        self.writing[item.key] = now
-        self.groups.add(group, item.key)
-        self.registry.segment(loc.node_id, loc.segment).keys.add(item.key)
-        res = self._end_one(client_id, item.key, now, item.checksum)
-        return None if isinstance(res, ObjectMeta) else res
+        obj = self._new_object(
+            item.key, item.size, item.group, ObjectState.COMPLETE, [loc], client_id, now,
+            item.checksum,
+        )  # fmt: skip
+        self.registry.segment(loc.node_id, loc.segment).counters.bytes_in += item.size
+        self.groups.touch_ids(np.array([obj.id], _I64))  # as a commit touches its group
+        self.journal.save_object(obj)
+        return None
 
     def _segment_or_none(self, node_id: str, name: str) -> Segment | None:
         return self.registry.segments.get((node_id, name))
@@ -327,42 +397,33 @@ class MasterState:
         self, keys: Sequence[str], lease_ttl_s: float = 0.0, pin_ttl_s: float = 0.0
     ) -> tuple[list[ObjectMeta | KVStoreError], float]:
         """COMPLETE objects of `keys`, each leased (and optionally pinned); the lease TTL."""
-        now = self.clock()
+        res, ttl = self.lookup_rows(keys, lease_ttl_s, pin_ttl_s)
+        return self._views(keys, res), ttl
+
+    def lookup_rows(
+        self, keys: Sequence[str], lease_ttl_s: float = 0.0, pin_ttl_s: float = 0.0,
+        reader: str | None = None,
+    ) -> tuple[RowBatch, float]:  # fmt: skip
+        """`lookup`, answered as row ids (the service encodes replies from them);
+        `reader` (not None): who is granted the leases ("" anonymous), recorded per row
+        for kvstore.master.admin.ReaderBook."""
         ttl = leases.lease_ttl(self.config, lease_ttl_s)
         pin = leases.pin_ttl(self.config, pin_ttl_s)
-        return [self._lookup_one(key, now, ttl, pin) for key in keys], ttl
-
-    def _lookup_one(
-        self, key: str, now: float, ttl: float, pin: float
-    ) -> ObjectMeta | KVStoreError:
-        obj = self.objects.get(key)
-        if obj is None or obj.state is not ObjectState.COMPLETE:
-            self.counters.misses += 1
-            if obj is None:
-                return NotFoundError(f"unknown key {key!r}")
-            return NotReadyError(f"{key!r} is still being written")
-        self.counters.hits += 1
-        first = obj.replicas[0]
-        seg = self.registry.segments[(first.node_id, first.segment)].counters
-        seg.hits += 1
-        seg.bytes_out += obj.size
-        leases.extend_lease(obj, now, ttl)
-        leases.extend_pin(obj, now, pin)
-        self.groups.touch(obj.group)
-        self.tiering.on_hit(obj)
-        return obj
+        return lookups.lookup(self, keys, ttl, pin, reader), ttl
 
     def peek(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """COMPLETE objects of `keys` with no side effect: no lease, LRU touch or counter."""
-        return [self._peek_one(key) for key in keys]
+        return self._views(keys, self.peek_rows(keys))
 
-    def _peek_one(self, key: str) -> ObjectMeta | KVStoreError:
-        obj = self.objects.get(key)
-        if obj is None:
-            return NotFoundError(f"unknown key {key!r}")
-        if obj.state is not ObjectState.COMPLETE:
-            return NotReadyError(f"{key!r} is still being written")
-        return obj
+    def peek_rows(self, keys: Sequence[str]) -> RowBatch:
+        return lookups.peek(self, keys)
+
+    def _views(self, keys: Sequence[str], res: RowBatch) -> list[ObjectMeta | KVStoreError]:
+        t = self.objects
+        return [
+            res.errors[j] if i < 0 else ObjectMeta(t, i, keys[j])
+            for j, i in enumerate(res.ids.tolist())
+        ]
 
     def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyError_]:
         """Remove committed keys; leased or pinned ones only with `force`."""
@@ -429,10 +490,7 @@ class MasterState:
 
     def add_replica(self, obj: ObjectMeta, loc: Location) -> None:
         """List a new replica (fastest tier first) of a COMPLETE object."""
-        obj.replicas.append(loc)
-        obj.replicas.sort(key=lambda r: int(r.tier))
-        obj.wire = None
-        self.registry.segment(loc.node_id, loc.segment).keys.add(obj.key)
+        obj.replicas = sorted([*obj.replicas, loc], key=lambda r: int(r.tier))
         self.journal.save_object(obj)
 
     def drop_replica(self, obj: ObjectMeta, loc: Location, evicted: bool = False) -> None:
@@ -443,12 +501,11 @@ class MasterState:
             else:
                 self._drop(obj)
             return
-        obj.replicas = [r for r in obj.replicas if r is not loc]
-        obj.wire = None
+        where = (loc.node_id, loc.segment, loc.offset)
+        obj.replicas = [r for r in obj.replicas if (r.node_id, r.segment, r.offset) != where]
         seg = self.registry.segments.get((loc.node_id, loc.segment))
         if seg is not None:
-            seg.release(loc.offset)
-            seg.keys.discard(obj.key)
+            seg.release(loc.offset, loc.length)
             if evicted:
                 seg.counters.evictions += 1
         self.tiering.forget(obj.key, loc)
@@ -520,16 +577,17 @@ class MasterState:
     def _drop(self, obj: ObjectMeta) -> None:
         """Forget `obj` and free the space of its replicas on mounted segments."""
         self.tiering.on_drop(obj)
+        state = obj.state
         for loc in obj.replicas:
             seg = self.registry.segments.get((loc.node_id, loc.segment))
             if seg is not None:
-                seg.release(loc.offset)
-                seg.keys.discard(obj.key)
+                seg.release(loc.offset, loc.length)
                 self.tiering.forget(obj.key, loc)
-        del self.objects[obj.key]
+        self.groups.discard_id(obj.id)
+        self.objects.index.delete(obj.id)
+        self.objects.free_id(obj.id)
         self.writing.pop(obj.key, None)
-        self.groups.discard(obj.group, obj.key)
-        if obj.state is ObjectState.COMPLETE:
+        if state is ObjectState.COMPLETE:
             self.journal.drop_object(obj.key)
 
     # ---- integrity and restore ----------------------------------------------
@@ -537,7 +595,11 @@ class MasterState:
     def check_integrity(self) -> None:
         """Assert every cross-index invariant (tests call this after each step)."""
         self.registry.check_integrity()
+        self.objects.check_integrity()
         self.groups.check_integrity(self.objects)
+        ranges: dict[tuple[str, str], list[tuple[int, int]]] = {
+            k: [] for k in self.registry.segments
+        }
         by_segment: dict[tuple[str, str], set[str]] = {k: set() for k in self.registry.segments}
         for key, obj in self.objects.items():
             assert obj.key == key, f"object indexed under {key!r} is {obj.key!r}"
@@ -548,25 +610,25 @@ class MasterState:
             assert len(set(places)) == len(places), f"{key!r} has two replicas in one tier"
             assert (key in self.writing) == (obj.state is ObjectState.WRITING), key
             for loc in obj.replicas:
-                seg = self.registry.segments[(loc.node_id, loc.segment)]
-                assert seg.allocator.size_of(loc.offset) >= loc.length, f"{key!r} range"
-                by_segment[(loc.node_id, loc.segment)].add(key)
+                where = (loc.node_id, loc.segment)
+                assert loc.length == obj.size, f"{key!r}: replica length != size"
+                assert self.registry.segments[where].tier == loc.tier, f"{key!r} tier"
+                ranges[where].append((loc.offset, loc.length))
+                by_segment[where].add(key)
+        assert len(self.writing) == sum(
+            1 for i in self.objects.live_ids().tolist()
+            if self.objects.state_v[i] == ObjectState.WRITING
+        ), "writing index"  # fmt: skip
         for k, seg in self.registry.segments.items():
             assert seg.keys == by_segment[k], f"segment {k} key index is stale"
-        held = {k: 0 for k in self.registry.segments}
-        for obj in self.objects.values():
-            for loc in obj.replicas:
-                held[(loc.node_id, loc.segment)] += seg_size(self.registry, loc)
         for node_id, name, offset, length in self.extents.pieces():
-            assert self.registry.segments[(node_id, name)].allocator.size_of(offset) == length
-            held[(node_id, name)] += length
+            ranges[(node_id, name)].append((offset, length))
         for loc in self.tiering.reserved():
-            key = (loc.node_id, loc.segment)
-            if key in held:
-                assert self.registry.segments[key].allocator.size_of(loc.offset) >= loc.length
-                held[key] += seg_size(self.registry, loc)
+            where = (loc.node_id, loc.segment)
+            if where in ranges:
+                ranges[where].append((loc.offset, loc.length))
         for k, seg in self.registry.segments.items():
-            assert held[k] == seg.used, f"segment {k}: ranges hold {held[k]}, allocator {seg.used}"
+            seg.allocator.check_integrity(ranges[k])  # ranges + free ranges tile the segment
         self.tiering.check_integrity()
 
     def restore(self) -> int:
@@ -582,10 +644,11 @@ class MasterState:
             endpoint = Endpoint(rec["tcp"], rec["shm"], rec["rpc"], nixl, rec.get("fd", ""))
             self.registry.register(rec["id"], endpoint, now)
         for rec in snap.segments:
-            self.registry.mount(
+            seg, _ = self.registry.mount(
                 rec["node"], rec["name"], Tier(rec["tier"]), rec["capacity"], rec["alignment"],
                 rec.get("shm", False),
             )  # fmt: skip
+            self._attach(seg)
         for rec in snap.objects:
             self._restore_object(rec, now)
         return len(self.objects)
@@ -596,13 +659,6 @@ class MasterState:
         for loc in locs:
             seg = self.registry.segment(loc.node_id, loc.segment)
             seg.allocator.allocate_at(loc.offset, loc.length)
-            seg.keys.add(key)
-        obj = ObjectMeta(key, size, group, ObjectState.COMPLETE, locs, "", now)
-        obj.checksum = rec.get("checksum", 0)
-        self.objects[key] = obj
-        self.groups.add(group, key)
-
-
-def seg_size(registry: NodeRegistry, loc: Location) -> int:
-    """Bytes the allocator holds for a range at `loc` (its length, aligned up)."""
-    return registry.segments[(loc.node_id, loc.segment)].allocator.size_of(loc.offset)
+        self._new_object(
+            key, size, group, ObjectState.COMPLETE, locs, "", now, rec.get("checksum", 0)
+        )

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvstore.errors import BadRequestError
 from kvstore.types import Location, ObjectKey, Tier, check_key
+
+if TYPE_CHECKING:
+    from kvstore.master.objects import ObjectTable
 
 
 class ObjectState(IntEnum):
@@ -26,14 +29,19 @@ class ObjectState(IntEnum):
     COMPLETE = 1
 
 
+FREE = 255  # the state column of a row that holds no object
+_STATES = {int(s): s for s in ObjectState}
+
+
 class SpaceAllocator(Protocol):
     """What a segment needs from an offset allocator (kvstore.tiers.allocator)."""
 
     def allocate(self, size: int) -> int | None: ...
+    def allocate_many(self, size: int, count: int) -> list[tuple[int, int]]: ...
     def allocate_at(self, offset: int, size: int) -> None: ...
-    def free(self, offset: int) -> None: ...
-    def size_of(self, offset: int) -> int: ...
-    def check_integrity(self) -> None: ...
+    def free(self, offset: int, size: int | None = None) -> None: ...
+    def aligned(self, size: int) -> int: ...
+    def check_integrity(self, allocations: list[tuple[int, int]] | None = None) -> None: ...
     @property
     def used(self) -> int: ...
 
@@ -85,9 +93,16 @@ class Segment:
     capacity: int
     alignment: int
     allocator: SpaceAllocator
-    keys: set[str] = field(default_factory=set)
     counters: SegmentCounters = field(default_factory=SegmentCounters)
     shm: bool = False  # a /dev/shm file same-host peers may map by name (as the node said)
+    slot: int = -1  # its number in the master's object table (set when mounted)
+    index: Any = None  # that ObjectTable, while mounted
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Keys with a replica here, derived from the object table (nothing is stored
+        per key per segment); O(objects): for unmount, announce, stats and tests."""
+        return frozenset() if self.index is None else self.index.slot_keys(self.slot)
 
     @property
     def used(self) -> int:
@@ -100,34 +115,101 @@ class Segment:
     def allocate(self, size: int) -> int | None:
         return self.allocator.allocate(size)
 
-    def release(self, offset: int) -> None:
-        self.allocator.free(offset)
+    def release(self, offset: int, size: int) -> None:
+        self.allocator.free(offset, size)
 
 
-@dataclass(slots=True)
+def _column(name: str, doc: str) -> Any:
+    """A property reading and writing one column of the object's row."""
+    attr = f"{name}_v"
+
+    def get(self: ObjectMeta) -> Any:
+        return getattr(self._t, attr)[self.id]
+
+    def put(self: ObjectMeta, value: Any) -> None:
+        getattr(self._t, attr)[self.id] = value
+
+    return property(get, put, doc=doc)
+
+
 class ObjectMeta:
-    """One object: its replicas and the clocks that protect it."""
+    """One object: a view of its row in the master's `ObjectTable` (see
+    kvstore.master.objects). Views are made on demand and hold no state of their own:
+    reading a field reads the row, setting one writes it. Keep one only while the
+    object lives (a dropped object's id is reused)."""
 
-    key: str
-    size: int
-    group: str
-    state: ObjectState
-    replicas: list[Location]
-    writer: str
-    started_at: float
-    lease_until: float = 0.0
-    pin_until: float = 0.0
-    pin_ttl_s: float = 0.0
-    checksum: int = 0  # xxh3_64 of the bytes, recorded at PutEnd; 0 = unknown
-    slow_hits: int = 0  # reads served from a slower tier than its node's fastest (promotion)
-    moving: int = 0  # id of the tier move in flight for this object; 0 = none
-    # Opaque cache for the service layer (its encoded lookup result); the core
-    # resets it to None whenever `replicas` changes.
-    wire: bytes | None = None
+    __slots__ = ("_t", "id", "key")
+    wire: bytes | None = None  # no encoded reply is cached per object any more (kept: readers)
+
+    def __init__(self, table: ObjectTable, i: int, key: str) -> None:
+        self._t = table
+        self.id = i
+        self.key = key
+
+    size = _column("size", "bytes of the object")
+    started_at = _column("started", "master clock at PutStart (or adoption)")
+    lease_until = _column("lease", "read lease deadline: blocks eviction until then")
+    pin_until = _column("pin", "soft pin deadline")
+    checksum = _column("checksum", "xxh3_64 of the bytes, recorded at PutEnd; 0 = unknown")
+
+    @property
+    def state(self) -> ObjectState:
+        return _STATES[self._t.state_v[self.id]]
+
+    @property
+    def group(self) -> str:
+        g = self._t.group_v[self.id]
+        return self.key if g < 0 else self._t.group_name(g)
+
+    @property
+    def writer(self) -> str:
+        return self._t.writer_names[self._t.writer_v[self.id]]
+
+    @property
+    def replicas(self) -> list[Location]:
+        """A fresh list (fastest tier first); assign a new list to change them."""
+        return self._t.replicas(self.id)
+
+    @replicas.setter
+    def replicas(self, locs: list[Location]) -> None:
+        self._t.set_replicas(self.id, locs)
+
+    @property
+    def slow_hits(self) -> int:
+        """Reads served from a slower tier than its node's fastest (promotion)."""
+        return self._t.slow_v[self.id]
+
+    @slow_hits.setter
+    def slow_hits(self, n: int) -> None:
+        self._t.slow_v[self.id] = min(n, 0xFFFF)
+
+    @property
+    def moving(self) -> int:
+        """Id of the tier move in flight for this object; 0 = none."""
+        return self._t.moving.get(self.id, 0)
+
+    @moving.setter
+    def moving(self, task_id: int) -> None:
+        if task_id:
+            self._t.moving[self.id] = task_id
+        else:
+            self._t.moving.pop(self.id, None)
+
+    @property
+    def pin_ttl_s(self) -> float:
+        """The pin a WRITING object gets at commit (0 = none)."""
+        return self._t.pin_ttl.get(self.id, 0.0)
 
     def protected(self, now: float) -> bool:
         """True while a lease or a pin blocks eviction and plain removal."""
-        return self.lease_until > now or self.pin_until > now
+        t, i = self._t, self.id
+        return t.lease_v[i] > now or t.pin_v[i] > now
+
+    def __repr__(self) -> str:
+        return (
+            f"ObjectMeta({self.key!r}, size={self.size}, state={self.state.name}, "
+            f"group={self.group!r}, replicas={self.replicas})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,15 +115,15 @@ def stats(state: MasterState) -> MasterStats:
     segs = sorted(reg.segments.values(), key=lambda s: (s.node_id, s.name))
     c = state.counters
     snapshot = replace(c)
-    reports = [_segment_report(state, seg) for seg in segs]
+    counts = state.objects.slot_counts()  # one pass over the table for every segment
+    reports = [_segment_report(seg, *counts.get(seg.slot, (0, 0))) for seg in segs]
     return MasterStats(
         nodes, reports, len(state.objects), len(state.writing), reg.capacity(), reg.used(), snapshot
     )
 
 
-def _segment_report(state: MasterState, seg: Segment) -> SegmentReport:
-    complete = sum(1 for k in seg.keys if state.objects[k].state is ObjectState.COMPLETE)
+def _segment_report(seg: Segment, replicas: int, complete: int) -> SegmentReport:
     return SegmentReport(
-        seg.node_id, seg.name, seg.tier, seg.capacity, seg.used, len(seg.keys), complete,
+        seg.node_id, seg.name, seg.tier, seg.capacity, seg.used, replicas, complete,
         replace(seg.counters), seg.shm,
     )  # fmt: skip

@@ -17,6 +17,7 @@ from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.master import leases, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
+from kvstore.master.batch import PutColumns
 from kvstore.master.broker import MoveBroker
 from kvstore.master.extents import CommitItem
 from kvstore.master.metadata import MasterState
@@ -38,7 +39,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self.state = state
         self.epoch = epoch
         self.locations = wire.LocationEncoder()
-        self.readers = ReaderBook()  # who holds each live read lease (own-lease removes)
+        self.readers = ReaderBook(state.objects)  # who holds each read lease (own removes)
         self.broker = MoveBroker(state)  # tier moves handed to the nodes, paced
         self.fast_lane = ""  # HOST:PORT of kvstore.fastlane serving this servicer, if any
 
@@ -106,22 +107,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self._check_batch(len(request.items))
         if not request.client_id:
             raise BadRequestError("client_id must not be empty")
-        parsed = [_parse_item(it) for it in request.items]
-        good = [p for p in parsed if isinstance(p, PutItem)]
-        placed = self.state.put_start(request.client_id, request.client_node, good)
-        if len(good) < len(parsed):
-            it = iter(placed)
-            placed = [next(it) if isinstance(p, PutItem) else p for p in parsed]
-        objects = self.state.objects
-
-        def cache_lookup_wire(i: int, locs: list[bytes]) -> None:
-            """The future LookupResult of key i, from the same encoded locations."""
-            obj = objects.get(request.items[i].key)
-            if obj is not None:
-                obj.wire = wire.lookup_result(obj.size, obj.group, locs)
-
+        cols = _put_columns(request.items)
+        res = self.state.put_start_columns(request.client_id, request.client_node, cols)
         self.broker.wake()  # placement may have pushed a tier past its watermark
-        return wire.put_start_response(placed, self.locations, cache_lookup_wire)
+        payload = wire.put_start_results(self.state.objects, res, self.locations)
+        return master_pb2.PutStartResponse.FromString(payload)
 
     @translate
     async def PutEnd(
@@ -153,15 +143,14 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self, request: master_pb2.BatchLookupRequest, context: Ctx
     ) -> master_pb2.BatchLookupResponse:
         self._check_batch(len(request.keys))
+        keys = list(request.keys)
         if request.no_lease:
-            found, ttl = self.state.peek(request.keys), 0.0
+            found, ttl = self.state.peek_rows(keys), 0.0
         else:
-            found, ttl = self.state.lookup(
-                request.keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000
-            )
-            self._record_readers(request.keys, found, request.client_id, ttl)
-        enc = self.locations
-        parts = [wire.field(b"\x0a", _lookup_wire(r, enc)) for r in found]
+            found, ttl = self.state.lookup_rows(
+                keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000, request.client_id
+            )  # the table records who holds each lease (ReaderBook reads it)
+        parts = [wire.lookup_results(self.state.objects, found, self.locations)]
         self.broker.wake()  # hits may have queued promotions
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
@@ -239,15 +228,6 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             )  # fmt: skip
         return master_pb2.ReportUnreachableResponse(fenced=fenced)
 
-    def _record_readers(
-        self, keys: Sequence[str], found: Sequence[object], reader: str, ttl: float
-    ) -> None:
-        now = self.state.clock()
-        record = self.readers.record
-        for key, r in zip(keys, found, strict=True):
-            if isinstance(r, ObjectMeta):
-                record(key, reader, now, now + ttl)
-
     @translate
     async def Stats(
         self, request: master_pb2.StatsRequest, context: Ctx
@@ -269,7 +249,6 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         now = self.state.clock()
         objs = [_object_info(o, now) for o in page]
         return master_pb2.ListObjectsResponse(objects=objs, next_page_token=token)
-
 
     # ---- tiers ----------------------------------------------------------------
 
@@ -348,15 +327,19 @@ def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
         return BadRequestError(f"key {pb.key!r}: {exc}")
 
 
-def _lookup_wire(r: ObjectMeta | KVStoreError, enc: wire.LocationEncoder) -> bytes:
-    """The encoded LookupResult of a hit, cached on the object (hits repeat; misses do not)."""
-    if isinstance(r, KVStoreError):
-        return wire.field(b"\x0a", wire.status_bytes(r))
-    if r.wire is None:
-        r.wire = wire.lookup_result(r.size, r.group, [enc.encode(loc) for loc in r.replicas])
-    if r.checksum:  # field 5 (varint); the cached part stays valid across commits
-        return r.wire + b"\x28" + wire.varint(r.checksum)
-    return r.wire
+def _put_columns(pbs: Sequence[master_pb2.PutStartItem]) -> PutColumns:
+    """A PutStart request's items as columns; items PutItem would refuse carry their error."""
+    rows = [
+        (it.key, it.size, it.replicas or 1, it.preferred_node, it.group,
+         (it.tier if it.tier >= 0 else 99) if it.HasField("tier") else -1, it.pin_ttl_ms / 1000)
+        for it in pbs
+    ]  # fmt: skip
+    cols = PutColumns(*map(list, zip(*rows, strict=True))) if rows else PutColumns(*[[]] * 7)
+    for i in cols.suspects():
+        parsed = _parse_item(pbs[i])
+        if isinstance(parsed, KVStoreError):
+            cols.errors[i] = parsed
+    return cols
 
 
 def _object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:

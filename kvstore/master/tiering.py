@@ -34,6 +34,8 @@ from enum import IntEnum
 from itertools import count
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kvstore.errors import CorruptError, KVStoreError
 from kvstore.master.eviction import group_evictable
 from kvstore.master.model import ObjectMeta, Segment
@@ -104,6 +106,7 @@ class Tiering:
     # re-announcement of one is refused, so a removed object does not come back.
     tombstones: dict[str, set[str]] = field(default_factory=dict)
     _fastest: dict[str, Tier] = field(default_factory=dict)  # node -> its fastest tier
+    _slow: np.ndarray | None = None  # see slow_slots
     _ids: count[int] = field(default_factory=lambda: count(1))
 
     # ---- queues ---------------------------------------------------------------
@@ -229,14 +232,30 @@ class Tiering:
         if len(obj.replicas) > 1:
             state.drop_replica(obj, here, evicted=True)
             return obj.size, 0
+        size = obj.size  # (read before the row is freed)
         state.evict_object(obj)
-        return obj.size, 1
+        return size, 1
 
     # ---- promotion on hits ----------------------------------------------------
 
     def segments_changed(self) -> None:
         """A segment was mounted or unmounted: forget the per-node fastest tiers."""
         self._fastest.clear()
+        self._slow = None
+
+    def slow_slots(self) -> np.ndarray | None:
+        """Per segment slot: True when a hit there may count toward a promotion (its
+        tier is slower than its node's fastest); None when nothing is ever promoted.
+        Batched lookups call `on_hit` only for hits in such slots."""
+        if not self.state.config.promote_after:
+            return None
+        if self._slow is None:
+            segs = self.state.objects.segments
+            slow = np.zeros(max(segs, default=-1) + 2, bool)  # the last: "no slot" (-1)
+            for slot, seg in segs.items():
+                slow[slot] = seg.tier > self._fastest_tier(seg.node_id)
+            self._slow = slow
+        return self._slow
 
     def _fastest_tier(self, node_id: str) -> Tier:
         tier = self._fastest.get(node_id)
@@ -306,7 +325,7 @@ class Tiering:
         if move.dst_reserved:
             seg = state.registry.segments.get((move.dst.node_id, move.dst.segment))
             if seg is not None:
-                seg.release(move.dst.offset)
+                seg.release(move.dst.offset, move.dst.length)
         if res.error is None:
             self.forget(move.key, move.dst)  # the node indexed it: make it forget
         obj = state.objects.get(move.key)
@@ -388,7 +407,7 @@ class Tiering:
         if move.dst_reserved and (move.dst.node_id, move.dst.segment) != (node_id, name):
             seg = self.state.registry.segments.get((move.dst.node_id, move.dst.segment))
             if seg is not None:
-                seg.release(move.dst.offset)
+                seg.release(move.dst.offset, move.dst.length)
 
     def on_restart(self, node_id: str) -> None:
         """A new incarnation of `node_id`: what its predecessor had in flight is lost."""
@@ -407,7 +426,8 @@ class Tiering:
         return [m.dst for m in self._all_moves() if m.dst_reserved]
 
     def check_integrity(self) -> None:
-        moving = {o.moving: k for k, o in self.state.objects.items() if o.moving}
+        t = self.state.objects
+        moving = {task: t.index.key_of(i) for i, task in t.moving.items()}
         moves = self._all_moves()
         live = {m.task_id for m in moves}
         for task_id, key in moving.items():

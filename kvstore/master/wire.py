@@ -6,16 +6,29 @@ of its time there. Here each reply is concatenated from cached byte strings (a
 Location's node, tier and segment are the same for every replica of one segment)
 plus varints, then parsed once, in C, into the reply message. The bytes are what
 upb itself writes for the same message (tests compare both).
+
+`lookup_results` and `put_start_results` encode a whole batch from the object
+table's rows with numpy (`RowWriter`: each reply row is a sequence of pieces,
+varints computed for all rows at once, then scattered into one buffer), so
+nothing is cached per object: rows with errors or several replicas are encoded
+one by one and dropped into their place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from kvstore.errors import KVStoreError
 from kvstore.rpc_errors import code_for
 from kvstore.types import Location
 from kvstore.v1 import master_pb2
+
+if TYPE_CHECKING:
+    from kvstore.master.batch import RowBatch
+    from kvstore.master.objects import ObjectTable
 
 OK_STATUS = b"\x0a\x00"  # field 1 (status), an empty KeyStatus: code OK
 _SMALL = [bytes([n]) for n in range(0x80)]
@@ -113,3 +126,217 @@ def statuses_payload(results: Sequence[KVStoreError | None]) -> bytes:
     if not any(results):
         return OK_STATUS * len(results)
     return b"".join(field(b"\x0a", status_bytes(r)) for r in results)
+
+
+# ---- whole batches from the object table ---------------------------------------
+
+_I64 = np.int64
+SMALL_BATCH = 16  # replies of up to this many keys are encoded key by key
+
+
+def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's varint as (rows x width uint8 matrix, byte count per row)."""
+    v = values.astype(np.uint64)
+    cols, lens = [], np.ones(len(v), _I64)
+    while True:
+        rest = v >> np.uint64(7)
+        more = rest != 0
+        cols.append(
+            ((v & np.uint64(0x7F)) | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8)
+        )
+        if not more.any():
+            break
+        lens += more
+        v = rest
+    return np.stack(cols, axis=1), lens
+
+
+class RowWriter:
+    """`n` byte strings (rows) built piece by piece, all rows at once; a piece may be
+    absent from a row (length 0 there)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._parts: list[tuple[str, tuple[np.ndarray, ...]]] = []
+        self.lengths = np.zeros(n, _I64)
+
+    def const(self, data: bytes, mask: np.ndarray | None = None) -> None:
+        """The same bytes in every row (or the rows of `mask`)."""
+        lens = np.full(self.n, len(data), _I64) if mask is None else mask * len(data)
+        self._parts.append(("c", (np.frombuffer(data, np.uint8), lens)))
+        self.lengths += lens
+
+    def varint(self, values: np.ndarray, mask: np.ndarray | None = None) -> None:
+        mat, lens = varints(values)
+        self._matrix(mat, lens if mask is None else np.where(mask, lens, 0))
+
+    def _matrix(self, mat: np.ndarray, lens: np.ndarray) -> None:
+        self._parts.append(("m", (mat, lens)))
+        self.lengths += lens
+
+    def gather(self, src: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> None:
+        """Row i gets src[starts[i] : starts[i] + lens[i]]."""
+        self._parts.append(("g", (src, starts.astype(_I64), lens.astype(_I64))))
+        self.lengths += lens
+
+    def blobs(self, rows: dict[int, bytes]) -> None:
+        """Whole byte strings for some rows (encoded one by one)."""
+        if not rows:
+            return
+        idx = np.fromiter(rows, _I64, len(rows))
+        data = [rows[i] for i in idx.tolist()]
+        lens = np.zeros(self.n, _I64)
+        lens[idx] = [len(b) for b in data]
+        starts = np.zeros(self.n, _I64)
+        starts[idx] = np.cumsum(lens[idx]) - lens[idx]
+        self.gather(np.frombuffer(b"".join(data), np.uint8), starts, lens)
+
+    def tobytes(self) -> bytes:
+        """All rows, concatenated in order."""
+        out = np.empty(int(self.lengths.sum()), np.uint8)
+        cursor = np.cumsum(self.lengths) - self.lengths
+        for kind, data in self._parts:
+            if kind == "c":
+                const, lens = data
+                rows = np.nonzero(lens)[0]
+                out[cursor[rows][:, None] + np.arange(len(const))] = const
+            elif kind == "m":
+                mat, lens = data
+                keep = np.arange(mat.shape[1]) < lens[:, None]
+                out[(cursor[:, None] + np.arange(mat.shape[1]))[keep]] = mat[keep]
+            else:
+                src, starts, lens = data
+                total = int(lens.sum())
+                if total:
+                    within = np.arange(total, dtype=_I64) - np.repeat(np.cumsum(lens) - lens, lens)
+                    out[np.repeat(cursor, lens) + within] = src[np.repeat(starts, lens) + within]
+            cursor = cursor + data[-1]  # every piece ends with its lengths
+        return out.tobytes()
+
+
+def _locations(
+    w: RowWriter, table: ObjectTable, rows: np.ndarray, ok: np.ndarray, tag: bytes
+) -> None:
+    """The single-replica `Location` of each ok row as a length-delimited field `tag`."""
+    slots = table.col["seg"][rows]
+    offs = table.col["offset"][rows]
+    sizes = table.col["size"][rows]
+    uniq = np.unique(slots[ok])
+    pre = [_segment_prefix(table, int(s)) for s in uniq.tolist()]
+    plen = np.array([len(p) for p in pre] or [0], _I64)
+    pstart = np.cumsum(plen) - plen
+    at = np.searchsorted(uniq, slots) if len(uniq) else np.zeros(len(rows), _I64)
+    at = np.minimum(at, max(len(uniq) - 1, 0))
+    has_off = ok & (offs != 0)
+    off_mat, off_len = varints(offs)
+    size_mat, size_len = varints(sizes)
+    loc_len = plen[at] + np.where(has_off, 1 + off_len, 0) + 1 + size_len
+    w.const(tag, ok)
+    w.varint(loc_len, ok)
+    w.gather(np.frombuffer(b"".join(pre) or b"\0", np.uint8), pstart[at], np.where(ok, plen[at], 0))
+    w.const(b"\x20", has_off)
+    w._matrix(off_mat, np.where(has_off, off_len, 0))
+    w.const(b"\x28", ok)
+    w._matrix(size_mat, np.where(ok, size_len, 0))
+
+
+def _segment_prefix(table: ObjectTable, slot: int) -> bytes:
+    seg = table.segments[slot]
+    tier = b"\x10" + varint(int(seg.tier)) if int(seg.tier) else b""
+    return _string_field(b"\x0a", seg.node_id) + tier + _string_field(b"\x1a", seg.name)
+
+
+def _simple(table: ObjectTable, res: RowBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(row ids with -1 replaced by 0, mask of rows encoded by numpy: found, 1 replica)."""
+    ok = res.ids >= 0
+    if table.extra:
+        ok &= ~np.isin(res.ids, np.fromiter(table.extra, _I64, len(table.extra)))
+    return np.maximum(res.ids, 0), ok
+
+
+def _wrap(inner: RowWriter, ok: np.ndarray, blobs: dict[int, bytes]) -> bytes:
+    """Each ok row as field 1 (length-delimited) of the reply; other rows from `blobs`."""
+    outer = RowWriter(inner.n)
+    outer.const(b"\x0a", ok)
+    outer.varint(inner.lengths, ok)
+    outer._parts.extend(inner._parts)
+    outer.lengths += inner.lengths
+    outer.blobs(blobs)
+    return outer.tobytes()
+
+
+def lookup_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> bytes:
+    """`repeated LookupResult results = 1` of a BatchLookupResponse for `res`."""
+    n = len(res.ids)
+    if n <= SMALL_BATCH:  # a few keys: one by one (numpy's fixed cost would dominate)
+        return b"".join(
+            field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
+            if i < 0 else field(b"\x0a", _lookup_one(table, i, enc))
+            for j, i in enumerate(res.ids.tolist())
+        )  # fmt: skip
+    rows, ok = _simple(table, res)
+    blobs: dict[int, bytes] = {}
+    for j, i in enumerate(res.ids.tolist()):
+        if j in res.errors:
+            blobs[j] = field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
+        elif not ok[j]:
+            blobs[j] = field(b"\x0a", _lookup_one(table, i, enc))
+    w = RowWriter(n)
+    w.const(OK_STATUS + b"\x10", ok)
+    w.varint(table.col["size"][rows], ok)
+    _locations(w, table, rows, ok, b"\x1a")
+    groups = table.col["group"][rows]
+    own = ok & (groups < 0)
+    named = ok & (groups >= 0)
+    index = table.index
+    glen = np.where(own, index.length[rows].astype(_I64), 0)
+    names = {j: table.group_name(int(groups[j])).encode() for j in np.nonzero(named)[0].tolist()}
+    for j, b in names.items():
+        glen[j] = len(b)
+    w.const(b"\x22", ok)
+    w.varint(glen, ok)
+    w.gather(index.arena, index.off[rows], np.where(own, glen, 0))
+    w.blobs(names)
+    checks = table.col["checksum"][rows]
+    w.const(b"\x28", ok & (checks != 0))
+    mat, lens = varints(checks)
+    w._matrix(mat, np.where(ok & (checks != 0), lens, 0))
+    return _wrap(w, ok, blobs)
+
+
+def _lookup_one(table: ObjectTable, i: int, enc: LocationEncoder) -> bytes:
+    g = table.group_v[i]
+    group = table.index.key_of(i) if g < 0 else table.group_name(g)
+    locs = [enc.encode(loc) for loc in table.replicas(i)]
+    out = lookup_result(table.size_v[i], group, locs)
+    checksum = table.checksum_v[i]
+    return out + (b"\x28" + varint(checksum) if checksum else b"")
+
+
+def put_start_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> bytes:
+    """`repeated PutStartResult results = 1` of a PutStartResponse for `res`."""
+    if len(res.ids) <= SMALL_BATCH:  # a few keys: one by one
+        return b"".join(
+            _put_start_one(table, res, j, i, enc) for j, i in enumerate(res.ids.tolist())
+        )
+    rows, ok = _simple(table, res)
+    blobs: dict[int, bytes] = {}
+    for j, i in enumerate(res.ids.tolist()):
+        if j in res.errors:
+            blobs[j] = field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
+        elif not ok[j]:
+            locs = [enc.encode(loc) for loc in table.replicas(i)]
+            blobs[j] = field(b"\x0a", OK_STATUS + b"".join([field(b"\x12", x) for x in locs]))
+    w = RowWriter(len(res.ids))
+    w.const(OK_STATUS, ok)
+    _locations(w, table, rows, ok, b"\x12")
+    return _wrap(w, ok, blobs)
+
+
+def _put_start_one(
+    table: ObjectTable, res: RowBatch, j: int, i: int, enc: LocationEncoder
+) -> bytes:
+    if i < 0:
+        return field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
+    locs = [enc.encode(loc) for loc in table.replicas(i)]
+    return field(b"\x0a", OK_STATUS + b"".join([field(b"\x12", x) for x in locs]))

@@ -10,6 +10,15 @@ no two free ranges are ever adjacent.
 `allocate` first looks in a class whose every range fits (O(1)); only if that
 fails does it scan the request's own class for a range that happens to fit, so
 it returns None exactly when no free range is large enough.
+
+`allocate_many(size, count)` hands out the same offsets as `count` calls of
+`allocate(size)`, carving runs of consecutive ranges out of one free range with
+one unlink and one re-insert per run instead of one per range.
+
+With `track=False` the allocator keeps no record per allocation (the owner
+already has each range's offset and length: the master's object table does):
+`free` then takes the size, and `check_integrity` the owner's list of ranges.
+Memory is then O(free ranges), not O(allocations).
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ class OffsetAllocator:
     positive multiple of it. Not thread-safe: the owning tier holds the lock.
     """
 
-    def __init__(self, capacity: int, alignment: int = 64) -> None:
+    def __init__(self, capacity: int, alignment: int = 64, track: bool = True) -> None:
         if not _is_int(alignment) or alignment <= 0 or alignment & (alignment - 1):
             raise BadRequestError(f"alignment must be a power of two, got {alignment!r}")
         if not _is_int(capacity) or capacity <= 0 or capacity % alignment:
@@ -77,7 +86,9 @@ class OffsetAllocator:
         self._sl_bitmaps = [0] * fl_count
         self._free_by_start: dict[int, int] = {}  # offset -> size of each free range
         self._free_by_end: dict[int, int] = {}  # end -> offset of each free range
-        self._allocated: dict[int, int] = {}  # offset -> size of each allocation
+        # offset -> size of each allocation; None when the owner keeps them (track=False)
+        self._allocated: dict[int, int] | None = {} if track else None
+        self._count = 0  # allocations live
         self._used = 0
         self._insert_free(0, capacity)
 
@@ -92,6 +103,11 @@ class OffsetAllocator:
     @property
     def used(self) -> int:
         return self._used
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the allocator records each allocation (else the owner does)."""
+        return self._allocated is not None
 
     def aligned(self, size: int) -> int:
         """`size` rounded up to the alignment: what an allocation of it takes."""
@@ -108,9 +124,37 @@ class OffsetAllocator:
         offset, free_size = found
         if free_size > size:
             self._insert_free(offset + size, free_size - size)
-        self._allocated[offset] = size
-        self._used += size
+        self._claimed(offset, size, 1)
         return offset
+
+    def allocate_many(self, size: int, count: int) -> list[tuple[int, int]]:
+        """Claim up to `count` ranges of `size` bytes: the offsets `count` calls of
+        `allocate(size)` would return, as runs (first offset, ranges); each run's ranges
+        are consecutive, `aligned(size)` apart. Fewer than `count` when space runs out.
+
+        A run continues while the rest of the free range stays in a class every one
+        of whose ranges fits: `allocate` would pick exactly that rest next (it is then
+        the newest range of the lowest fitting non-empty class)."""
+        size = self._check_size(size)
+        if not _is_int(count) or count < 0:
+            raise BadRequestError(f"count must be a non-negative int, got {count!r}")
+        runs: list[tuple[int, int]] = []
+        floor = self._fitting_floor(size)
+        left = count
+        while left and size <= self._capacity:
+            found = self._take_free(size)
+            if found is None:
+                break
+            offset, free_size = found
+            n = 1 if free_size < floor else 1 + (free_size - floor) // size
+            n = min(n, left, free_size // size)
+            taken = n * size
+            if free_size > taken:
+                self._insert_free(offset + taken, free_size - taken)
+            self._claimed(offset, size, n)
+            runs.append((offset, n))
+            left -= n
+        return runs
 
     def allocate_at(self, offset: int, size: int) -> None:
         """Claim exactly [offset, offset + size) (rebuilding from an on-disk index).
@@ -133,15 +177,12 @@ class OffsetAllocator:
         end = start + free_size
         if offset + size < end:
             self._insert_free(offset + size, end - offset - size)
-        self._allocated[offset] = size
-        self._used += size
+        self._claimed(offset, size, 1)
 
-    def free(self, offset: int) -> None:
-        """Return an allocation; it merges with free neighbours at once."""
-        size = self._allocated.pop(offset, None) if _is_int(offset) else None
-        if size is None:
-            raise BadRequestError(f"free of {offset!r}: not an allocated offset (double free?)")
-        self._used -= size
+    def free(self, offset: int, size: int | None = None) -> None:
+        """Return an allocation; it merges with free neighbours at once. `size` (the
+        requested or aligned size) is required when the allocator does not track."""
+        size = self._released(offset, size)
         end = offset + size
         next_size = self._free_by_start.get(end)
         if next_size is not None:
@@ -155,14 +196,15 @@ class OffsetAllocator:
         self._insert_free(offset, size)
 
     def size_of(self, offset: int) -> int:
-        """The size of the allocation at `offset`, after alignment rounding."""
-        size = self._allocated.get(offset) if _is_int(offset) else None
+        """The size of the allocation at `offset`, after alignment rounding (tracked only)."""
+        allocated = self._tracking("size_of")
+        size = allocated.get(offset) if _is_int(offset) else None
         if size is None:
             raise BadRequestError(f"{offset!r} is not an allocated offset")
         return size
 
     def is_allocated(self, offset: int) -> bool:
-        return offset in self._allocated
+        return offset in self._tracking("is_allocated")
 
     def free_size_at(self, offset: int) -> int:
         """The size of the free range starting at `offset` (0 if none starts there)."""
@@ -188,7 +230,7 @@ class OffsetAllocator:
             free=free,
             largest_free=largest,
             free_ranges=len(self._free_by_start),
-            allocations=len(self._allocated),
+            allocations=self._count,
             fragmentation=1.0 - largest / free if free else 0.0,
         )
 
@@ -196,9 +238,19 @@ class OffsetAllocator:
         """(offset, size) of every free range, by offset (O(n log n); for tests, tools)."""
         return sorted(self._free_by_start.items())
 
-    def check_integrity(self) -> None:
-        """Raise AssertionError unless every internal invariant holds."""
-        ranges = [(o, s, False) for o, s in self._allocated.items()]
+    def check_integrity(self, allocations: list[tuple[int, int]] | None = None) -> None:
+        """Raise AssertionError unless every internal invariant holds. `allocations`:
+        the owner's (offset, size) of every live allocation, required to check the
+        tiling of an untracked allocator (without it only the free side is checked)."""
+        if self._allocated is not None:
+            allocations = list(self._allocated.items())
+        if allocations is None:
+            free = sum(self._free_by_start.values())
+            assert free == self._capacity - self._used, f"free {free} != capacity - used"
+            self._check_bins()
+            return
+        assert len(allocations) == self._count, f"{len(allocations)} ranges, {self._count} live"
+        ranges = [(o, self.aligned(s), False) for o, s in allocations]
         ranges += [(o, s, True) for o, s in self._free_by_start.items()]
         ranges.sort()
         cursor, prev_free = 0, False
@@ -208,7 +260,7 @@ class OffsetAllocator:
             assert not (is_free and prev_free), f"adjacent free ranges at {offset}"
             cursor, prev_free = offset + size, is_free
         assert cursor == self._capacity, f"ranges end at {cursor}, capacity {self._capacity}"
-        used = sum(self._allocated.values())
+        used = sum(s for _, s, is_free in ranges if not is_free)
         assert used == self._used, f"used counter {self._used} != allocated sum {used}"
         self._check_bins()
 
@@ -227,6 +279,49 @@ class OffsetAllocator:
         for fl, mask in enumerate(self._sl_bitmaps):
             assert bool(self._fl_bitmap >> fl & 1) == bool(mask), f"first-level bit {fl} wrong"
         assert binned == len(self._free_by_start), "free ranges missing from the bins"
+
+    def _claimed(self, offset: int, size: int, n: int) -> None:
+        """Account for `n` consecutive allocations of `size` (aligned) from `offset`."""
+        if self._allocated is not None:
+            for i in range(n):
+                self._allocated[offset + i * size] = size
+        self._count += n
+        self._used += n * size
+
+    def _released(self, offset: int, size: int | None) -> int:
+        """Forget the allocation at `offset`; its aligned size."""
+        if self._allocated is not None:
+            got = self._allocated.pop(offset, None) if _is_int(offset) else None
+            if got is None:
+                raise BadRequestError(f"free of {offset!r}: not an allocated offset (double free?)")
+            if size is not None and self.aligned(size) != got:
+                self._allocated[offset] = got
+                raise BadRequestError(f"free of {offset!r}: size {size}, allocated {got}")
+            size = got
+        else:
+            if size is None:
+                raise BadRequestError("free of an untracked allocator needs the size")
+            size = self._check_size(size)
+            bad = not _is_int(offset) or offset < 0 or offset + size > self._capacity
+            # a free range starting at `offset` or ending inside: a double (or wrong) free
+            if bad or offset in self._free_by_start or offset + size in self._free_by_end:
+                raise BadRequestError(f"free of [{offset}, +{size}): not an allocated range")
+            if size > self._used:
+                raise BadRequestError(f"free of {size} bytes with {self._used} in use")
+        self._count -= 1
+        self._used -= size
+        return size
+
+    def _tracking(self, what: str) -> dict[int, int]:
+        if self._allocated is None:
+            raise BadRequestError(f"{what}: this allocator does not track allocations")
+        return self._allocated
+
+    def _fitting_floor(self, size: int) -> int:
+        """The smallest range size (bytes) of the lowest class whose ranges all hold `size`."""
+        fl, sl = _fitting_class(size >> self._shift)
+        units = sl if fl == 0 else (SL_COUNT + sl) << (fl - 1)
+        return units << self._shift
 
     def _check_size(self, size: int) -> int:
         if not _is_int(size) or size <= 0:

@@ -11,7 +11,7 @@ from kvstore.master.metadata import MasterState
 from kvstore.master.model import PutItem
 from kvstore.types import ObjectKey, Tier
 
-from .conftest import FakeClock
+from .conftest import FakeClock, make_state, two_nodes
 
 
 def _put(st: MasterState, key: str, size: int = 256, tier: Tier | None = None, **kw: str) -> None:
@@ -124,3 +124,51 @@ def test_cordon_keeps_new_replicas_off_the_node(state: MasterState) -> None:
     with pytest.raises(NotFoundError):
         admin.cordon(state, "nobody", True)
     state.check_integrity()
+
+
+def test_reader_book_record_many_equals_record() -> None:
+    import random
+
+    from kvstore.master.admin import ReaderBook
+
+    rng = random.Random(5)
+    one, many = ReaderBook(), ReaderBook()
+    now = 0.0
+    for _ in range(300):
+        now += rng.random()
+        keys = [f"k{rng.randint(0, 9)}" for _ in range(rng.randint(0, 6))]
+        reader = rng.choice(["", "r1", "r2"])
+        until = now + rng.choice([0.5, 2.0, 5.0])
+        for key in keys:
+            one.record(key, reader, now, until)
+        many.record_many(keys, reader, now, until)
+        assert one._by_key == many._by_key
+
+
+def test_reader_column_equals_the_reader_book(clock) -> None:  # type: ignore[no-untyped-def]
+    """Lookups that record their reader in the object table answer `holder` and
+    `only_reader` as a ReaderBook fed the same leases does."""
+    import random
+
+    from kvstore.master.admin import ReaderBook
+
+    rng = random.Random(11)
+    st = two_nodes(make_state(clock))
+    keys = [f"k{i}" for i in range(12)]
+    st.put_start("w", "a", [PutItem(ObjectKey(k), 64) for k in keys])
+    st.put_end("w", keys)
+    table_book, dict_book = ReaderBook(st.objects), ReaderBook()
+    for _ in range(300):
+        clock.advance(rng.random() * 2)
+        batch = [rng.choice(keys) for _ in range(rng.choice([1, 3, 40]))]
+        reader = rng.choice(["", "r1", "r2"])
+        _, ttl = st.lookup_rows(batch, rng.choice([0.5, 2.0, 5.0]), 0.0, reader)
+        dict_book.record_many(batch, reader, clock.now, clock.now + ttl)
+        for key in keys:
+            assert table_book.holder(key, clock.now) == dict_book.holder(key, clock.now), key
+            obj = st.objects[key]
+            for who in ("r1", "r2"):
+                if obj.protected(clock.now):
+                    assert table_book.only_reader(obj, who, clock.now) == dict_book.only_reader(
+                        obj, who, clock.now
+                    )

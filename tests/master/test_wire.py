@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvstore.errors import NoSpaceError, NotFoundError
 from kvstore.master import wire
 from kvstore.master.service import to_pb_location
@@ -61,40 +63,81 @@ def test_statuses_match_upb() -> None:
         assert payload == want.SerializeToString()
 
 
-def test_lookup_reply_from_put_start_cache_matches_upb() -> None:
-    """PutStart caches each object's LookupResult; a later lookup serves exactly upb's."""
-    import asyncio
-
+def _servicer_with_pool():  # type: ignore[no-untyped-def]
     from kvstore.master.config import MasterConfig
     from kvstore.master.metadata import MasterState
     from kvstore.master.model import Endpoint
     from kvstore.master.service import MasterServicer
 
     state = MasterState(MasterConfig())
-    for node in ("a", "b"):
+    for node in ("a", "b", "ü"):
         state.register_node(node, Endpoint())
-        state.mount_segment(node, f"{node}-seg", Tier.DRAM, 1 << 20)
-    svc = MasterServicer(state, "epoch")
+        state.mount_segment(node, f"{node}-seg", Tier.DRAM, 1 << 40)
+    state.mount_segment("a", "a-hbm", Tier.HBM, 1 << 20)
+    return state, MasterServicer(state, "epoch")
+
+
+def _want_lookup(state, key: str, err: Exception | None = None) -> bytes:  # type: ignore[no-untyped-def]
+    if err is not None:
+        return master_pb2.LookupResult(status=_status(err)).SerializeToString()
+    o = state.objects[key]
+    return master_pb2.LookupResult(
+        status=_status(None), size=o.size, group=o.group, checksum=o.checksum,
+        replicas=[to_pb_location(loc) for loc in o.replicas],
+    ).SerializeToString()  # fmt: skip
+
+
+@pytest.mark.parametrize("small", [0, 10**6])
+def test_batched_replies_match_upb(small: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PutStart and BatchLookup replies, encoded for a whole batch from the object
+    table (numpy), are upb's bytes: one and two replicas, named and own groups, zero
+    and huge offsets, checksums, unicode, errors in between."""
+    import asyncio
+
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", small)  # 0: numpy for every batch; big: key by key
+    monkeypatch.setattr(wire, "SMALL_BATCH", small)
+    state, svc = _servicer_with_pool()
     items = [
         master_pb2.PutStartItem(key="k1", size=100, replicas=2, group="g"),
         master_pb2.PutStartItem(key="k2", size=300),
+        master_pb2.PutStartItem(key="k2", size=300),  # twice: ExistsError
+        master_pb2.PutStartItem(key="", size=1),  # bad key
+        master_pb2.PutStartItem(key="ключ/3", size=(1 << 33) + 7, group="группа"),
+        master_pb2.PutStartItem(key="k4", size=1, tier=0),  # HBM
+        *(master_pb2.PutStartItem(key=f"r{i}", size=4096 * (i + 1)) for i in range(40)),
     ]
+    keys = [it.key for it in items if it.key]
+    sums = [0 if i % 3 else (1 << 64) - 1 - i for i in range(len(keys))]
 
-    async def body() -> master_pb2.BatchLookupResponse:
-        await svc.PutStart(master_pb2.PutStartRequest(client_id="c", items=items), None)
-        await svc.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=["k1", "k2"]), None)
-        req = master_pb2.BatchLookupRequest(keys=["k1", "k2", "k3"])
-        return await svc.BatchLookup(req, None)
+    async def body() -> tuple[master_pb2.PutStartResponse, master_pb2.BatchLookupResponse]:
+        put = await svc.PutStart(master_pb2.PutStartRequest(client_id="c", items=items), None)
+        await svc.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=keys, checksums=sums), None)
+        req = master_pb2.BatchLookupRequest(keys=["nope", *keys, "k1"], client_id="r")
+        return put, await svc.BatchLookup(req, None)
 
-    got = asyncio.run(body())
-    objs = [state.objects["k1"], state.objects["k2"]]
-    want = [
-        master_pb2.LookupResult(
-            status=_status(None), size=o.size, group=o.group,
-            replicas=[to_pb_location(loc) for loc in o.replicas],
-        )
-        for o in objs
-    ]  # fmt: skip
-    assert [r.SerializeToString() for r in got.results[:2]] == [w.SerializeToString() for w in want]
-    assert len(got.results[0].replicas) == 2 and got.results[0].group == "g"
-    assert got.results[2].status.code == code_for(NotFoundError("x"))
+    put, got = asyncio.run(body())
+    assert [r.status.code for r in put.results][2:4] != [0, 0]
+    for it, r in zip(items, put.results, strict=True):
+        if r.status.code == 0:
+            locs = state.objects[it.key].replicas
+            want = master_pb2.PutStartResult(
+                status=_status(None), locations=[to_pb_location(x) for x in locs]
+            )
+            assert r.SerializeToString() == want.SerializeToString()
+    missing = _want_lookup(state, "", NotFoundError("unknown key 'nope'"))
+    assert got.results[0].SerializeToString() == missing
+    for key, r in zip([*keys, "k1"], got.results[1:], strict=True):
+        assert r.SerializeToString() == _want_lookup(state, key), key
+    assert len(got.results[1].replicas) == 2 and got.results[1].group == "g"
+    assert (got.results[2].group, got.results[4].group) == ("k2", "группа")  # own group: the key
+
+
+def test_varints_match_scalar() -> None:
+    import numpy as np
+
+    vals = np.array([0, 1, 127, 128, 300, 16383, 16384, (1 << 63) + 1, (1 << 64) - 1], np.uint64)
+    mat, lens = wire.varints(vals)
+    for v, row, n in zip(vals.tolist(), mat, lens.tolist(), strict=True):
+        assert bytes(row[:n]) == wire.varint(v)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -201,3 +201,85 @@ AllocatorMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None
 )
 TestAllocatorMachine = AllocatorMachine.TestCase
+
+
+# ---- batched allocation and the untracked mode (the master's allocators) -----------
+
+
+def _twin_histories(ops: list[tuple[str, int]], track: bool) -> tuple[OffsetAllocator, list[int]]:
+    """Replay allocate/free ops on a fresh allocator; the live offsets by age."""
+    alloc = OffsetAllocator(1 << 16, alignment=64, track=track)
+    live: list[tuple[int, int]] = []
+    for op, n in ops:
+        if op == "alloc":
+            off = alloc.allocate(n)
+            if off is not None:
+                live.append((off, n))
+        elif live:
+            off, size = live.pop(n % len(live))
+            alloc.free(off, size)
+    return alloc, [o for o, _ in live]
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["alloc", "alloc", "free"]), st.integers(1, 4000)), max_size=60
+)
+
+
+@pytest.mark.parametrize("track", [True, False])
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, size=st.integers(1, 3000), count=st.integers(0, 80))
+def test_allocate_many_equals_sequential_allocates(
+    track: bool, ops: list[tuple[str, int]], size: int, count: int
+) -> None:
+    one, _ = _twin_histories(ops, track)
+    many, _ = _twin_histories(ops, track)
+    want = []
+    for _ in range(count):
+        off = one.allocate(size)
+        if off is None:
+            break
+        want.append(off)
+    runs = many.allocate_many(size, count)
+    got = [start + i * many.aligned(size) for start, n in runs for i in range(n)]
+    assert got == want
+    assert many.free_ranges() == one.free_ranges() and many.used == one.used
+    assert many.stats().allocations == one.stats().allocations
+
+
+def test_allocate_many_carves_runs() -> None:
+    alloc = OffsetAllocator(64 * 100, alignment=64)
+    assert alloc.allocate_many(64, 30) == [(0, 30)]
+    assert alloc.allocate_many(100, 40) == [(30 * 64, 35)]  # 35 of 128 fit in the 70 left
+    assert alloc.allocate_many(64, 5) == [] and alloc.used == alloc.capacity
+    assert alloc.size_of(64 * 29) == 64 and alloc.stats().allocations == 65
+    alloc.check_integrity()
+
+
+def test_untracked_allocator_needs_sizes_and_the_owners_ranges() -> None:
+    alloc = OffsetAllocator(1024, alignment=64, track=False)
+    a, b = alloc.allocate(100), alloc.allocate(64)
+    assert (a, b, alloc.used, alloc.tracked) == (0, 128, 192, False)
+    alloc.check_integrity([(a, 100), (b, 64)])
+    alloc.check_integrity()  # the free side alone
+    with pytest.raises(AssertionError):
+        alloc.check_integrity([(a, 100)])
+    with pytest.raises(BadRequestError):
+        alloc.free(a)  # no size
+    with pytest.raises(BadRequestError):
+        alloc.size_of(a)
+    alloc.free(a, 100)
+    with pytest.raises(BadRequestError):
+        alloc.free(a, 100)  # double free: a free range starts there
+    alloc.free(b, 64)
+    assert alloc.free_ranges() == [(0, 1024)] and alloc.used == 0
+    alloc.check_integrity([])
+
+
+def test_tracked_free_checks_a_given_size() -> None:
+    alloc = OffsetAllocator(1024, alignment=64)
+    off = alloc.allocate(100)
+    with pytest.raises(BadRequestError):
+        alloc.free(off, 300)
+    alloc.free(off, 128)
+    alloc.check_integrity()
