@@ -89,9 +89,7 @@ def test_segment_counters(state: MasterState, clock: FakeClock) -> None:
     assert (state.counters.hits, state.counters.misses) == (3, 2)
     clock.advance(6)  # leases expire
     # No offload: every tier evicts on its own ("two" from both DRAM segments).
-    state.config = replace(
-        state.config, high_watermark=0.001, low_watermark=0.001, offload=False
-    )
+    state.config = replace(state.config, high_watermark=0.001, low_watermark=0.001, offload=False)
     assert state.evict_to_watermark() == 2  # "two" and "ssd"; "writing" is in flight
     by_name = {r.name: r for r in queries.stats(state).segments}
     assert [by_name[n].counters.evictions for n in ("a-dram", "a-ssd", "b-dram")] == [1, 1, 1]
