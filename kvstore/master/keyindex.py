@@ -86,9 +86,10 @@ class KeyIndex:
         self._table = full(self._slots, EMPTY, np.int32)
         self._filled = 0  # slots not EMPTY (live + DELETED)
         self.live = 0
-        self.hash = np.zeros(0, _I64)  # per id: hash of its key
-        self.off = np.zeros(0, _I64)  # per id: where its key starts in the arena
-        self.length = np.zeros(0, np.uint16)  # per id: key bytes; 0 = no key (free id)
+        # per id, one row of a (ids x 3) block (one cache line for a lookup): its key's
+        # hash, where the key starts in the arena, its length in bytes (0 = free id)
+        self._ids = np.zeros((0, 3), _I64)
+        self.hash, self.off, self.length = self._ids[:, 0], self._ids[:, 1], self._ids[:, 2]
         self._arena = np.zeros(1 << 16, np.uint8)
         self._end = 0  # arena bytes written
         self._dead = 0  # arena bytes of deleted keys
@@ -112,9 +113,11 @@ class KeyIndex:
         """Make room for ids below `capacity`."""
         if capacity <= len(self.off):
             return
-        self.hash = _grown(self.hash, capacity)
-        self.off = _grown(self.off, capacity)
-        self.length = _grown(self.length, capacity)
+        size = max(capacity, int(len(self.off) * 1.5), 1024)
+        block = zeros(size * 3, _I64).reshape(size, 3)
+        block[: len(self._ids)] = self._ids
+        self._ids = block
+        self.hash, self.off, self.length = block[:, 0], block[:, 1], block[:, 2]
         self._views()
 
     def _reserve_slots(self, more: int) -> None:
@@ -347,7 +350,7 @@ class KeyIndex:
     # ---- integrity ----------------------------------------------------------
 
     def memory_bytes(self) -> int:
-        arrays = (self._table, self.hash, self.off, self.length, self._arena)
+        arrays = (self._table, self._ids, self._arena)
         return sum(a.nbytes for a in arrays)
 
     def check_integrity(self, live_ids: np.ndarray) -> None:
@@ -366,11 +369,3 @@ class KeyIndex:
         assert (self.find_many(keys) == have).all(), "a key does not find its id"
         for i, key in zip(have.tolist()[:64], keys[:64], strict=False):
             assert self.find(key) == i, f"scalar find of {key!r}"
-
-
-def _grown(a: np.ndarray, at_least: int) -> np.ndarray:
-    """A copy of `a` with room for `at_least` entries (x1.5), zero-filled beyond."""
-    size = max(at_least, int(len(a) * 1.5), 1024)
-    out = zeros(size, a.dtype)
-    out[: len(a)] = a
-    return out
