@@ -450,18 +450,12 @@ class SyncRouter(_Router):
             self._probe(grpc_call)
         lane = self.lane
         if lane is None or not serves(method):
-            reply = grpc_call(method, request)
-            if method == "Stats":
-                self._learnt(reply)
-            return reply
+            return grpc_call(method, request)
         try:
-            reply = lane.call(method, request)
+            return lane.call(method, request)
         except (LaneDown, NotLeaderError):  # gRPC follows the leader; then a new probe
             self._drop()
             return grpc_call(method, request)
-        if method == "Stats":
-            self._learnt(reply)
-        return reply
 
     def _probe(self, grpc_call: Callable[[str, Any], Any]) -> None:
         self.probe_at = time.monotonic() + RETRY_AFTER_S  # one probe at a time
@@ -501,20 +495,14 @@ class AsyncRouter(_Router):
                 self.lane = AsyncLane(address, self.timeout_s)
         lane = self.lane
         if lane is None or not serves(method):
-            reply = await grpc_call(method, request)
-            if method == "Stats":
-                self._learnt(reply)
-            return reply
+            return await grpc_call(method, request)
         try:
-            reply = await lane.call(method, request)
+            return await lane.call(method, request)
         except (LaneDown, NotLeaderError):
             lane.close()
             self.lane = None
             self._failed()
             return await grpc_call(method, request)
-        if method == "Stats":
-            self._learnt(reply)
-        return reply
 
     def close(self) -> None:
         self.disable()
