@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvstore/v1/common.proto\x12\nkvstore.v1\"l\n\x08Location\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvstore.v1.Tier\x12\x0f\n\x07segment\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\"x\n\x0cNodeEndpoint\x12\x13\n\x0btcp_address\x18\x01 \x01(\t\x12\x13\n\x0bshm_host_id\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x15\n\rnixl_metadata\x18\x04 \x01(\x0c\x12\x12\n\nshm_socket\x18\x05 \x01(\t*1\n\x04Tier\x12\x0c\n\x08TIER_HBM\x10\x00\x12\r\n\tTIER_DRAM\x10\x01\x12\x0c\n\x08TIER_SSD\x10\x02*\xed\x02\n\tErrorCode\x12\x11\n\rERROR_CODE_OK\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_CODE_TOO_LARGE\x10\x02\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x03\x12\x1d\n\x19\x45RROR_CODE_ALREADY_EXISTS\x10\x04\x12\x18\n\x14\x45RROR_CODE_NOT_READY\x10\x05\x12\x17\n\x13\x45RROR_CODE_NO_SPACE\x10\x06\x12\x16\n\x12\x45RROR_CODE_CORRUPT\x10\x07\x12\x17\n\x13\x45RROR_CODE_TRANSFER\x10\x08\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\t\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\n\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x0b\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvstore/v1/common.proto\x12\nkvstore.v1\"\x80\x01\n\x08Location\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvstore.v1.Tier\x12\x0f\n\x07segment\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x12\n\ncapability\x18\x06 \x01(\x0c\"x\n\x0cNodeEndpoint\x12\x13\n\x0btcp_address\x18\x01 \x01(\t\x12\x13\n\x0bshm_host_id\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x15\n\rnixl_metadata\x18\x04 \x01(\x0c\x12\x12\n\nshm_socket\x18\x05 \x01(\t*1\n\x04Tier\x12\x0c\n\x08TIER_HBM\x10\x00\x12\r\n\tTIER_DRAM\x10\x01\x12\x0c\n\x08TIER_SSD\x10\x02*\xed\x02\n\tErrorCode\x12\x11\n\rERROR_CODE_OK\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_CODE_TOO_LARGE\x10\x02\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x03\x12\x1d\n\x19\x45RROR_CODE_ALREADY_EXISTS\x10\x04\x12\x18\n\x14\x45RROR_CODE_NOT_READY\x10\x05\x12\x17\n\x13\x45RROR_CODE_NO_SPACE\x10\x06\x12\x16\n\x12\x45RROR_CODE_CORRUPT\x10\x07\x12\x17\n\x13\x45RROR_CODE_TRANSFER\x10\x08\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\t\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\n\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x0b\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=271
-  _globals['_TIER']._serialized_end=320
-  _globals['_ERRORCODE']._serialized_start=323
-  _globals['_ERRORCODE']._serialized_end=688
-  _globals['_LOCATION']._serialized_start=39
-  _globals['_LOCATION']._serialized_end=147
-  _globals['_NODEENDPOINT']._serialized_start=149
-  _globals['_NODEENDPOINT']._serialized_end=269
+  _globals['_TIER']._serialized_start=292
+  _globals['_TIER']._serialized_end=341
+  _globals['_ERRORCODE']._serialized_start=344
+  _globals['_ERRORCODE']._serialized_end=709
+  _globals['_LOCATION']._serialized_start=40
+  _globals['_LOCATION']._serialized_end=168
+  _globals['_NODEENDPOINT']._serialized_start=170
+  _globals['_NODEENDPOINT']._serialized_end=290
 # @@protoc_insertion_point(module_scope)

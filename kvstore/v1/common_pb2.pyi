@@ -44,18 +44,20 @@ ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
 
 class Location(_message.Message):
-    __slots__ = ("node_id", "tier", "segment", "offset", "length")
+    __slots__ = ("node_id", "tier", "segment", "offset", "length", "capability")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     tier: Tier
     segment: str
     offset: int
     length: int
-    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., segment: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
     __slots__ = ("tcp_address", "shm_host_id", "rpc_address", "nixl_metadata", "shm_socket")

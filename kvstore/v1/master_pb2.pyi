@@ -43,14 +43,20 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("master_epoch", "node_ttl_ms", "heartbeat_interval_ms")
+    __slots__ = ("master_epoch", "node_ttl_ms", "heartbeat_interval_ms", "capability_key", "capability_key_id", "capability_clock_ms")
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_KEY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
     master_epoch: str
     node_ttl_ms: int
     heartbeat_interval_ms: int
-    def __init__(self, master_epoch: _Optional[str] = ..., node_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    capability_key: bytes
+    capability_key_id: int
+    capability_clock_ms: int
+    def __init__(self, master_epoch: _Optional[str] = ..., node_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., capability_key: _Optional[bytes] = ..., capability_key_id: _Optional[int] = ..., capability_clock_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -59,10 +65,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("master_epoch",)
+    __slots__ = ("master_epoch", "capability_clock_ms")
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
     master_epoch: str
-    def __init__(self, master_epoch: _Optional[str] = ...) -> None: ...
+    capability_clock_ms: int
+    def __init__(self, master_epoch: _Optional[str] = ..., capability_clock_ms: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "segment", "tier", "capacity", "alignment", "shm")
@@ -637,12 +645,14 @@ class CommitExtentRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ...) -> None: ...
 
 class CommitExtentResponse(_message.Message):
-    __slots__ = ("results", "ttl_ms")
+    __slots__ = ("results", "ttl_ms", "capability")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
     ttl_ms: int
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class ReportUnreachableRequest(_message.Message):
     __slots__ = ("client_id", "node_ids")

@@ -1,0 +1,221 @@
+"""Data-plane capabilities: what the master lets a caller READ or WRITE on one node.
+
+A capability is a MAC, under a secret the master shares with one node only, over
+(segment, offset, length, mode, expiry, key id, node id). The master issues one for
+exactly the range and mode of each location it hands out (PutStart: WRITE; a leased
+BatchLookup: READ; GrantExtent / CommitExtent: WRITE over the extent), and the node
+checks it on every one-sided request with no round trip to the master:
+
+    issuer = Issuer()                                     # the master, secured mode only
+    key = issuer.rotate("n1")                             # at RegisterNode: NodeKey to hand out
+    cap = issuer.grant("n1", "seg", 4096, 1 << 20, WRITE, ttl_s=30.0)
+    ring = Keyring("n1")                                  # the node
+    ring.install(key.secret, key.key_id, key.clock_ms, sent_at=t_sent)
+    ring.check("seg", 4096, 65536, WRITE, cap)            # PermissionDeniedError if not covered
+
+Wire form (45 bytes): mode u8 | key_id u32 | expiry_ms u64 | offset u64 | length u64 |
+tag[16], tag = blake2b-128 keyed with the node's secret over the first 29 bytes, the
+segment name, NUL and the node id. keyed blake2b measured 1.05 us a tag here against
+3.7 us for HMAC-SHA256 (hmac.digest), the cheaper of the two asked for.
+
+Clocks. Expiry is in the master's *capability clock*: milliseconds of the master's
+monotonic clock since its issuer was made; no two hosts' clocks are ever compared. The
+node learns that clock from replies: RegisterNode and every Heartbeat reply carry the
+master's clock reading m, and the node notes its own monotonic time `sent_at` just
+before it sent that request. The master read m at some instant after `sent_at`, so
+m + (now - sent_at) is never less than the master's clock now (both clocks running at
+the same rate): the node's estimate runs ahead of the master, never behind. A
+capability is honoured while its expiry is still ahead of that estimate, so a node
+never honours one after the master's lease for it ended; it may refuse one early by at
+most the round trip of the request that anchored the clock. Rate drift between the two
+monotonic clocks adds at most drift x heartbeat interval (ppm x seconds: microseconds),
+since each heartbeat re-anchors. A master that restarts, or a node that re-registers,
+rotates the node's key: every capability issued before is refused (key id mismatch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvstore.errors import BadRequestError, PermissionDeniedError
+
+READ, WRITE = 1, 2  # the values of kvstore.transfer.base.TransferOp
+_MODES = {READ: "READ", WRITE: "WRITE"}
+_BODY = struct.Struct("<BIQQQ")  # mode, key id, expiry ms, offset, length
+TAG_BYTES = 16
+SIZE = _BODY.size + TAG_BYTES  # 45
+SECRET_BYTES = 32
+MAX_TTL_S = 24 * 3600.0  # no capability is issued for longer than this
+
+
+def _tag(secret: bytes, body: bytes, segment: bytes, node_id: bytes) -> bytes:
+    return hashlib.blake2b(
+        body + segment + b"\0" + node_id, key=secret, digest_size=TAG_BYTES
+    ).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeKey:
+    """A node's current secret, its id, and the master's capability clock when issued."""
+
+    secret: bytes
+    key_id: int
+    clock_ms: int
+
+    def __post_init__(self) -> None:
+        if len(self.secret) != SECRET_BYTES:
+            raise BadRequestError(f"capability secret must be {SECRET_BYTES} bytes")
+        if not 0 <= self.key_id < 1 << 32:
+            raise BadRequestError(f"capability key id {self.key_id} out of range")
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """A decoded capability (its tag not yet checked)."""
+
+    mode: int
+    key_id: int
+    expiry_ms: int
+    offset: int
+    length: int
+    tag: bytes
+
+    @classmethod
+    def decode(cls, data: bytes) -> Capability:
+        if len(data) != SIZE:
+            raise PermissionDeniedError(f"capability of {len(data)} bytes, want {SIZE}")
+        mode, key_id, expiry, offset, length = _BODY.unpack_from(data)
+        return cls(mode, key_id, expiry, offset, length, bytes(data[_BODY.size :]))
+
+
+class Issuer:
+    """The master's side: a secret per node (made at RegisterNode), and grants."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._t0 = clock()
+        self._keys: dict[str, tuple[NodeKey, bytes]] = {}  # node id -> key, id as bytes
+        self._next_id = int.from_bytes(os.urandom(4), "little")
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        """The capability clock: ms of this issuer's monotonic clock since it was made."""
+        return int((self._clock() - self._t0) * 1000)
+
+    def rotate(self, node_id: str) -> NodeKey:
+        """A fresh secret for `node_id` (its earlier capabilities stop verifying)."""
+        with self._lock:
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            key = NodeKey(os.urandom(SECRET_BYTES), self._next_id, self.now_ms())
+            self._keys[node_id] = (key, node_id.encode())
+        return key
+
+    def forget(self, node_id: str) -> None:
+        with self._lock:
+            self._keys.pop(node_id, None)
+
+    def key_of(self, node_id: str) -> NodeKey | None:
+        entry = self._keys.get(node_id)
+        return entry[0] if entry is not None else None
+
+    def grant(
+        self, node_id: str, segment: str, offset: int, length: int, mode: int, ttl_s: float
+    ) -> bytes:
+        """A capability for [offset, offset + length) of `segment` on `node_id`, valid
+        `ttl_s` seconds of the master's clock; b"" when the node has no key (it
+        registered before this master issued keys: it cannot check one anyway)."""
+        entry = self._keys.get(node_id)
+        if entry is None or ttl_s <= 0:
+            return b""
+        key, nid = entry
+        expiry = self.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
+        body = _BODY.pack(mode, key.key_id, expiry, offset, length)
+        return body + _tag(key.secret, body, segment.encode(), nid)
+
+
+class Keyring:
+    """The node's side: its current key and its estimate of the master's clock."""
+
+    def __init__(self, node_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node_id = node_id
+        self._nid = node_id.encode()
+        self._clock = clock
+        self._key: NodeKey | None = None
+        self._anchor = (0, 0.0)  # (master clock ms, our monotonic time when we asked)
+        self.refused = 0  # requests refused (metrics, tests)
+
+    @property
+    def ready(self) -> bool:
+        return self._key is not None
+
+    def install(self, secret: bytes, key_id: int, clock_ms: int, sent_at: float) -> None:
+        """The key of a RegisterNode reply; `sent_at`: our clock just before sending it."""
+        self._key = NodeKey(secret, key_id, clock_ms)
+        self._anchor = (clock_ms, sent_at)
+
+    def anchor(self, clock_ms: int, sent_at: float) -> None:
+        """Re-anchor the master's clock from a Heartbeat reply (sent at `sent_at`)."""
+        if self._key is not None and clock_ms:
+            self._anchor = (clock_ms, sent_at)
+
+    def clear(self) -> None:
+        """Forget the key: every request is refused until the next install."""
+        self._key = None
+
+    def master_now_ms(self) -> float:
+        """An upper bound of the master's capability clock now (see the module doc)."""
+        ms, sent = self._anchor
+        return ms + (self._clock() - sent) * 1000
+
+    def check(self, segment: str, offset: int, length: int, mode: int, data: bytes) -> None:
+        """PermissionDeniedError unless `data` grants `mode` on the whole range."""
+        try:
+            self._check(segment, offset, length, mode, data)
+        except PermissionDeniedError:
+            self.refused += 1
+            raise
+
+    def _check(self, segment: str, offset: int, length: int, mode: int, data: bytes) -> None:
+        key = self._key
+        what = f"{_MODES.get(mode, mode)} [{offset}, +{length}) of {segment!r}"
+        if key is None:
+            raise PermissionDeniedError(f"{what}: node {self.node_id!r} has no key yet")
+        if not data:
+            raise PermissionDeniedError(f"{what}: no capability")
+        cap = Capability.decode(data)
+        body = bytes(data[: _BODY.size])
+        if not hmac.compare_digest(cap.tag, _tag(key.secret, body, segment.encode(), self._nid)):
+            raise PermissionDeniedError(f"{what}: capability does not verify on this node")
+        if cap.key_id != key.key_id:
+            raise PermissionDeniedError(f"{what}: capability of an earlier key")
+        if cap.mode != mode:
+            raise PermissionDeniedError(f"{what}: capability grants {_MODES.get(cap.mode)}")
+        if offset < cap.offset or offset + length > cap.offset + cap.length:
+            raise PermissionDeniedError(
+                f"{what}: capability covers [{cap.offset}, +{cap.length}) only"
+            )
+        if cap.expiry_ms <= self.master_now_ms():
+            raise PermissionDeniedError(f"{what}: capability expired")
+
+    def check_segment(self, segment: str, data: bytes) -> None:
+        """PermissionDeniedError unless `data` is a live capability for some range of
+        `segment` (the shared-memory fd gate: a mapping is the whole segment)."""
+        if not data:
+            self.refused += 1
+            raise PermissionDeniedError(f"fd of {segment!r}: no capability")
+        try:
+            cap = Capability.decode(data)
+        except PermissionDeniedError:
+            self.refused += 1
+            raise
+        self.check(segment, cap.offset, cap.length, cap.mode, data)
+
+
+__all__ = ["READ", "SIZE", "WRITE", "Capability", "Issuer", "Keyring", "NodeKey"]
