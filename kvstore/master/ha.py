@@ -51,6 +51,8 @@ from kvstore.master.journal import (
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import NodeInfo, ObjectMeta, Segment
 from kvstore.master.service import MasterServicer
+from kvstore.security import config as security_config
+from kvstore.security.guard import MasterGuard
 from kvstore.v1 import master_pb2_grpc
 
 log = logging.getLogger("kvstore.master")
@@ -243,6 +245,7 @@ class HAMaster:
         self.terms = 0  # times this process became leader
         self.state: MasterState | None = None
         self.servicer: MasterServicer | None = None
+        self.guard: MasterGuard | None = None  # the leader's limits, authz and quotas
         self.journal: ReplicatedJournal | None = None
         self.valid_until = 0.0  # time.monotonic() until which the leader may answer
         self._leader_tasks: list[asyncio.Task[Any]] = []
@@ -269,9 +272,10 @@ class HAMaster:
             component="master", max_message_bytes=self.config.max_message_bytes,
         )  # fmt: skip
         self.address = self.ha.advertise or self.edge.address
-        if self.config.fast_lane:  # the hot-path calls, framed (kvstore.fastlane); every
-            # one goes through `handle`, so followers refuse them as they refuse gRPC ones.
-            # Plaintext, like this master's gRPC port.
+        if self.config.fast_lane and security_config.from_env().insecure:
+            # The hot-path calls, framed (kvstore.fastlane); every one goes through
+            # `handle`, so followers refuse them as they refuse gRPC ones. Plaintext: only
+            # where the gRPC port is plaintext too (as a single master).
             self.lane = await FastLaneServer.start(
                 _LeaderOnly(self), edge.split_address(self.edge.address)[0]
             )
@@ -319,12 +323,16 @@ class HAMaster:
         on a follower. A call that wrote records is answered once they are durable (and,
         the flush being in order, all before them); a read (READS) waits for whatever
         is pending, so it never shows a commit that a failover could still undo."""
-        servicer, journal = self.serving(), self.journal
+        servicer, journal, guard = self.serving(), self.journal, self.guard
         if servicer is None or journal is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self._refusal())
             raise AssertionError("unreachable")  # abort raises
         before = journal.seq
-        reply = await getattr(servicer, method)(request, context)
+        behavior = getattr(servicer, method)
+        if guard is None:
+            reply = await behavior(request, context)
+        else:  # as a single master's interceptor: limits, authz, quotas (a refusal aborts)
+            reply = await guard.call(method, behavior, request, context)
         if journal.seq > before or (method in READS and journal.durable < journal.seq):
             try:
                 await journal.sync()
@@ -385,6 +393,8 @@ class HAMaster:
         restored = state.restore()
         servicer = MasterServicer(state, str(epoch))
         servicer.fast_lane = self.lane_address  # Stats tells clients where it is
+        # The guard of this term: its quota ledger is rebuilt from the restored objects.
+        servicer.guard = self.guard = MasterGuard(state)
         self.state, self.journal, self.epoch = state, journal, epoch
         self._leader_tasks = [
             asyncio.create_task(journal.run()),
@@ -448,7 +458,7 @@ class HAMaster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._leader_tasks = []
-        self.state = self.journal = None
+        self.state = self.journal = self.guard = None
         self.leader_hint = ""
         if was_leading:
             log.warning("event=leader_stepped_down epoch=%d reason=%s", self.epoch, reason)
