@@ -29,14 +29,16 @@ def admin_parent() -> argparse.ArgumentParser:
 
 def cli_settings(args: argparse.Namespace) -> Any:
     """The effective CliConfig of these flags (kvstore.config precedence)."""
-    from kvstore.config import load
+    from kvstore.config import apply_security, load
 
     flags = {
         "master": getattr(args, "master", None),
         "timeout_s": getattr(args, "timeout_s", None),
         "conductor": getattr(args, "conductor", None),
     }
-    return load(args.config).section("cli", flags).build()
+    layers = load(args.config)
+    apply_security(layers)  # [security]: the credential the command's calls present
+    return layers.section("cli", flags).build()
 
 
 def master_api(args: argparse.Namespace) -> Any:

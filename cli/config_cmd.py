@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = verbs.add_parser(
         "show", help="effective config with provenance", parents=[base_parent()]
     )
-    show.add_argument("sections", nargs="*", help="default: all (cli master node conductor up)")
+    show.add_argument("sections", nargs="*", help="default: all sections")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=guarded("kvstore config show", run_show))
 
@@ -28,14 +28,15 @@ def _plain(value: Any) -> Any:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from kvstore.config import SECTIONS, load
+    from kvstore.config import SECRET_FIELDS, SECTIONS, load
 
     layers = load(args.config)
     names = args.sections or list(SECTIONS)
     doc: dict[str, Any] = {"file": layers.path or None}
     lines = [f"# config file: {layers.path or '(none)'}"]
     for name in names:
-        rows = layers.section(name).rows()
+        rows = [(k, "<redacted>" if (name, k) in SECRET_FIELDS and v else v, s)
+                for k, v, s in layers.section(name).rows()]  # fmt: skip
         doc[name] = {k: {"value": _plain(v), "source": s} for k, v, s in rows}
         lines.append(f"[{name}]")
         width = max((len(k) for k, _, _ in rows), default=0)

@@ -106,11 +106,13 @@ def master_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_master_cmd(args: argparse.Namespace) -> int:
     """The same process as `python -m kvstore.master`, configured by kvstore.config."""
-    from kvstore.config import load
+    from kvstore.config import apply_security, load
     from kvstore.master.launch import ha_config
     from kvstore.master.server import run_master
 
-    config = load(args.config).section("master", master_flags(args)).build()
+    layers = load(args.config)
+    config = layers.section("master", master_flags(args)).build()
+    apply_security(layers)  # [security]: this process's credentials and checks
     split_listen(config.listen)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     ha = ha_config(args)  # --etcd: one master of an HA pool (kvstore.master.ha)
@@ -133,10 +135,12 @@ def node_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_node_cmd(args: argparse.Namespace) -> int:
-    from kvstore.config import load
+    from kvstore.config import apply_security, load
     from kvstore.node.__main__ import run_with_metrics
 
-    eff = load(args.config).section("node", node_flags(args))
+    layers = load(args.config)
+    eff = layers.section("node", node_flags(args))
+    apply_security(layers)
     config = eff.build(master=cli_settings(args).master)
     if config.ssd_dir is not None and not os.path.isdir(config.ssd_dir):
         raise BadRequestError(f"--ssd-dir {config.ssd_dir!r} is not a directory")

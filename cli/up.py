@@ -72,9 +72,11 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvstore.config import load
+    from kvstore.config import apply_security, load
 
-    config = load(args.config).section("up", _flags(args)).build()
+    layers = load(args.config)
+    config = layers.section("up", _flags(args)).build()
+    apply_security(layers)  # every process of the cluster inherits [security]
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

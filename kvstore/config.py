@@ -65,9 +65,12 @@ SECTIONS: dict[str, str] = {
     "node": "kvstore.node.config:NodeConfig",
     "conductor": "kvstore.conductor.service_config:ConductorConfig",
     "up": "cli.up:UpConfig",
+    "security": "kvstore.security.config:SecurityConfig",
 }
 # Fields that are objects, not settings (credentials are passed in code).
 _NOT_SETTINGS = {"credentials"}
+# Values never printed by `kvstore config show` (a secret in the file or environment).
+SECRET_FIELDS = {("security", "token")}
 
 
 def section_class(name: str) -> type:
@@ -172,6 +175,14 @@ class Effective:
             return cls(**kwargs)
         except TypeError as exc:
             raise ConfigError(f"[{self.section}]: {exc}") from None
+        except BadRequestError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            # name where the offending value came from (a file line, a variable)
+            named = [k for k in self.values if re.search(rf"\b{k}\b", str(exc))]
+            if not named:
+                raise
+            raise ConfigError(f"{self.sources[named[0]]}: [{self.section}] {exc}") from None
 
     def rows(self) -> list[tuple[str, Any, str]]:
         """(key, value, source) for every setting; defaults included."""
@@ -238,6 +249,22 @@ def load(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = No
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return Layers(str(p), _check(doc, text, str(p)), env)
+
+
+def apply_security(layers: Layers, environ: dict[str, str] | None = None) -> Any:
+    """The effective [security] section (the file, then KVSTORE_SECURITY_* variables),
+    checked (files exist, the mode fits them); the values the file set are exported as
+    KVSTORE_SECURITY_* variables into `environ` (default: this process's), which every
+    server and channel of this process and its children read (security.config.from_env).
+    Only what a layer set is exported: a mode implied from the files stays implied."""
+    eff = layers.section("security")
+    security = eff.build()
+    target = os.environ if environ is None else environ
+    for key, value in eff.values.items():
+        var = f"{ENV_PREFIX}security_{key}".upper()
+        if not eff.sources[key].startswith("env ") and value:
+            target[var] = str(value)
+    return security
 
 
 def _check(doc: dict[str, Any], text: str, path: str) -> dict[str, dict[str, tuple[Any, int]]]:
