@@ -76,7 +76,8 @@ class MasterState:
         self.config = config
         self.clock = clock
         self.registry = NodeRegistry(config.node_ttl_s, allocator_factory)
-        self.objects = ObjectTable()
+        quotas = bool(config.tenant_quota_bytes or config.tenant_quotas)
+        self.objects = ObjectTable(per_tenant=quotas)  # tenants counted only where quotas are
         self.groups = GroupIndex(self.objects)
         self.writing: dict[str, float] = {}  # key -> started_at, oldest first
         self.counters = Counters()
@@ -195,7 +196,7 @@ class MasterState:
         i = t.new_id()
         self._new_row(
             i, key, size, t.slot_of(locs[0]) if one else -1, locs[0].offset if one else 0,
-            group, state, t.writer_id(writer), now, checksum,
+            group, state, t.writer_id(writer), now, checksum, len(locs),
         )  # fmt: skip
         if not one:
             t.set_replicas(i, locs)
@@ -218,6 +219,7 @@ class MasterState:
                           checksums[0] if checksums else 0)  # fmt: skip
             return ids
         t.index.insert_many(ids, keys)
+        t.usage.add_many(keys, sizes)
         col = t.col
         col["state"][ids] = int(state)
         col["size"][ids] = sizes
@@ -239,11 +241,14 @@ class MasterState:
 
     def _new_row(
         self, i: int, key: str, size: int, slot: int, offset: int, group: str,
-        state: ObjectState, writer: int, now: float, checksum: int,
+        state: ObjectState, writer: int, now: float, checksum: int, copies: int = 1,
     ) -> None:  # fmt: skip
         """`_new_objects` of one object, field by field (see there)."""
         t = self.objects
         t.index.insert(i, key)
+        t.usage.add(key, size, copies)
+        if copies > 1:
+            t.copies[i] = copies
         t.state_v[i], t.size_v[i], t.seg_v[i], t.offset_v[i] = int(state), size, slot, offset
         t.lease_v[i] = t.pin_v[i] = 0.0
         t.started_v[i], t.checksum_v[i], t.slow_v[i], t.writer_v[i] = now, checksum, 0, writer
@@ -584,6 +589,7 @@ class MasterState:
                 seg.release(loc.offset, loc.length)
                 self.tiering.forget(obj.key, loc)
         self.groups.discard_id(obj.id)
+        self.objects.usage.drop(obj.key, obj.size, self.objects.copies.get(obj.id, 1))
         self.objects.index.delete(obj.id)
         self.objects.free_id(obj.id)
         self.writing.pop(obj.key, None)

@@ -38,13 +38,79 @@ BLOCKS: tuple[tuple[type, tuple[str, ...]], ...] = (
 _AS = {"checksum": np.uint64}  # columns stored in another dtype's block, viewed as theirs
 COLUMNS = [name for _, names in BLOCKS for name in names]
 NO_READER, SHARED_READER = -1, -2  # `reader` column: none recorded; several (or anonymous)
+# The master's metadata memory per object beyond its key's bytes: its row (80 B), its
+# key-index entry (24 B) and hash slot (~8 B at the index's load), its group's share and
+# allocator state; bench/master.py measures ~148 B of RSS per object with 40-byte keys.
+OBJECT_BYTES = 120
+REPLICA_BYTES = 96  # each replica past the first: a `Location` kept in `extra`
+
+
+def tenant_of(key: str) -> str:
+    """The tenant of a wire key: its head before "/" ("" for a key without one)."""
+    head, sep, _ = key.partition("/")
+    return head if sep else ""
+
+
+class Usage:
+    """What the objects hold, kept as they are born and dropped, so the master's guard
+    admits a put in O(1): `metadata`, the estimated metadata memory of every object, and,
+    where quotas are on, `tenant_bytes`: size x replicas asked, per tenant (see
+    kvstore.security.tenants). Nothing here is stored per object; a row born with more
+    than one replica notes its count in `ObjectTable.copies`."""
+
+    def __init__(self, per_tenant: bool) -> None:
+        self.metadata = 0
+        self.tenant_bytes: dict[str, int] | None = {} if per_tenant else None
+        self._objects: dict[str, int] = {}  # tenant -> objects (an entry leaves at 0)
+
+    def add(self, key: str, size: int, copies: int) -> None:
+        self.metadata += OBJECT_BYTES + len(key) + REPLICA_BYTES * (copies - 1)
+        if self.tenant_bytes is not None:
+            self._credit(tenant_of(key), size * copies, 1)
+
+    def add_many(self, keys: Sequence[str], sizes: np.ndarray) -> None:
+        """Objects of one replica each."""
+        self.metadata += OBJECT_BYTES * len(keys) + sum(map(len, keys))
+        if self.tenant_bytes is None:
+            return
+        held: dict[str, list[int]] = {}
+        for key, size in zip(keys, sizes.tolist(), strict=True):
+            acc = held.setdefault(tenant_of(key), [0, 0])
+            acc[0] += size
+            acc[1] += 1
+        for tenant, (nbytes, count) in held.items():
+            self._credit(tenant, nbytes, count)
+
+    def drop(self, key: str, size: int, copies: int) -> None:
+        self.metadata -= OBJECT_BYTES + len(key) + REPLICA_BYTES * (copies - 1)
+        if self.tenant_bytes is not None:
+            self._credit(tenant_of(key), -size * copies, -1)
+
+    def _credit(self, tenant: str, nbytes: int, count: int) -> None:
+        assert self.tenant_bytes is not None
+        left = self._objects.get(tenant, 0) + count
+        if left:
+            self._objects[tenant] = left
+            self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + nbytes
+        else:  # a tenant's last object gone: forget the tenant (its name is a key prefix)
+            self._objects.pop(tenant, None)
+            self.tenant_bytes.pop(tenant, None)
+
+    def recount(self, table: ObjectTable) -> Usage:
+        """The same figures counted afresh from `table` (check_integrity)."""
+        fresh = Usage(self.tenant_bytes is not None)
+        for i in table.live_ids().tolist():
+            fresh.add(table.index.key_of(i), table.size_v[i], table.copies.get(i, 1))
+        return fresh
 
 
 class ObjectTable(Mapping[str, ObjectMeta]):
     """Rows of objects; `index` maps keys to row ids."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_tenant: bool = False) -> None:
         self.index = KeyIndex()
+        self.usage = Usage(per_tenant)
+        self.copies: dict[int, int] = {}  # row -> replicas asked, where more than one
         self.capacity = 0
         self.high = 0  # ids below this have been used at least once
         self._free = array("q")  # ids to reuse, most recently freed last
@@ -111,6 +177,7 @@ class ObjectTable(Mapping[str, ObjectMeta]):
         self.group_v[i] = -1
         self.lru_v[i] = -1
         self.extra.pop(i, None)
+        self.copies.pop(i, None)
         self.moving.pop(i, None)
         self.pin_ttl.pop(i, None)
         self._free.append(i)
@@ -256,7 +323,10 @@ class ObjectTable(Mapping[str, ObjectMeta]):
         for i in live.tolist():
             if i not in self.extra:
                 assert self.seg_v[i] in self.segments, f"row {i} in unknown slot"
-        for table in (self.extra, self.moving, self.pin_ttl):
+        fresh = self.usage.recount(self)
+        assert fresh.metadata == self.usage.metadata, "metadata estimate drifted"
+        assert fresh.tenant_bytes == self.usage.tenant_bytes, "per-tenant bytes drifted"
+        for table in (self.extra, self.copies, self.moving, self.pin_ttl):
             assert all(self.state_v[i] != FREE for i in table), "a side table names a free row"
         for i in self.pin_ttl:
             assert self.state_v[i] == ObjectState.WRITING, f"committed row {i} holds a pin ttl"

@@ -7,7 +7,7 @@ never runs, so nothing changes.
     guard = MasterGuard(state)                # kvstore.master.server installs it
     await edge.start_server(..., interceptors=[guard])
     await guard.call("BatchLookup", servicer.BatchLookup, request, context)  # other front ends
-    guard.check_integrity()                   # the quota ledger equals a recount
+    guard.check_integrity()                   # the master's usage counts equal a recount
 """
 
 from __future__ import annotations
@@ -74,10 +74,7 @@ class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self.refused += 1
             await context.abort(status_for(exc), str(exc))
             raise  # abort raises; this only satisfies type checkers
-        record = self._recorder(name, request)
         reply = await behavior(request, context)
-        if record is not None:
-            record(reply)
         return reply if post is None else post(reply)
 
     def admit(self, name: str, request: Any) -> Post | None:
@@ -92,24 +89,6 @@ class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self.ledger.admit_bytes(identity.tenant_of(ident), request.size)
         return post
 
-    def _recorder(self, name: str, request: Any) -> Callable[[Any], None] | None:
-        """How the ledger learns what a successful call added."""
-        if name == "PutStart":
-            done = self.ledger.recorder(request.items)
-            return lambda reply: done([r.status.code == 0 for r in reply.results])
-        if name == "CommitExtent":
-            done = self.ledger.recorder(request.items)
-            return lambda reply: done([r.code == 0 for r in reply.results])
-        if name == "AnnounceObjects":
-            found = [(o.key, o.group, o.length) for o in request.objects]
-            return lambda reply: self._announced(found)
-        return None
-
-    def _announced(self, found: list[tuple[str, str, int]]) -> None:
-        objects, entries = self.state.objects, self.ledger.entries
-        for key, group, length in found:
-            if key not in entries and key in objects:
-                self.ledger.record(key, group, length, 1)
-
     def check_integrity(self) -> None:
-        self.ledger.check_integrity()
+        """The usage the ledger admits by equals a recount of the objects."""
+        self.state.objects.check_integrity()

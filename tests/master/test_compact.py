@@ -78,7 +78,7 @@ def test_key_index_arena_compacts_and_table_grows() -> None:
 
 # ---- batched calls == the same calls key by key -----------------------------------
 
-KEYS = [f"k{i}" for i in range(24)]
+KEYS = [f"t{i % 3}/k{i}" if i % 4 else f"k{i}" for i in range(24)]  # three tenants + none
 OPS = st.lists(
     st.one_of(
         st.tuples(
@@ -103,7 +103,9 @@ OPS = st.lists(
 
 
 def _pool(clock: list[float]) -> MasterState:
-    cfg = MasterConfig(high_watermark=1.0, low_watermark=1.0, default_lease_ttl_s=2.0)
+    cfg = MasterConfig(  # a quota turns per-tenant accounting on (the guard enforces it)
+        high_watermark=1.0, low_watermark=1.0, default_lease_ttl_s=2.0, tenant_quota_bytes=1 << 40
+    )
     st_ = MasterState(cfg, clock=lambda: clock[0])
     for node, dram in (("a", 4096), ("b", 2048), ("c", 2048)):
         st_.register_node(node, Endpoint())
@@ -122,7 +124,8 @@ def _snapshot(s: MasterState) -> object:
         for k, o in s.objects.items()
     )
     segs = sorted((k, v.counters, v.used) for k, v in s.registry.segments.items())
-    return objs, segs, list(s.groups.oldest_first()), s.counters, list(s.writing)
+    usage = s.objects.usage.metadata, s.objects.usage.tenant_bytes
+    return objs, segs, list(s.groups.oldest_first()), s.counters, list(s.writing), usage
 
 
 @pytest.mark.parametrize("path", ["numpy", "scalar"])

@@ -25,7 +25,7 @@ from kvstore.master.model import Endpoint, ObjectState, PutItem
 from kvstore.master.tiering import MoveKind, MoveResult
 from kvstore.types import ObjectKey, Tier
 
-KEYS = st.sampled_from([f"k{i}" for i in range(40)])
+KEYS = st.sampled_from([f"t{i % 2}/k{i}" if i % 3 else f"k{i}" for i in range(40)])
 SIZES = st.sampled_from([64, 128, 256, 512])
 NODES = ("a", "b")
 
@@ -36,7 +36,7 @@ class TieringMachine(RuleBasedStateMachine):
         self.now = 0.0
         cfg = MasterConfig(
             high_watermark=0.6, low_watermark=0.3, default_alignment=64, promote_after=2,
-            default_lease_ttl_s=1.0,
+            default_lease_ttl_s=1.0, tenant_quota_bytes=1 << 40,  # per-tenant usage counted
         )  # fmt: skip
         self.state = MasterState(cfg, clock=lambda: self.now)
         self.incarnations = dict.fromkeys(NODES, 0)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from kvstore.master.objects import OBJECT_BYTES
 from kvstore.v1 import common_pb2, master_pb2
 from tests.security.helpers import InProcessMaster, code_of
 
@@ -178,14 +179,16 @@ def test_counts_nodes_segments_objects_metadata() -> None:
             EXHAUSTED,
         )
         stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=items[:3]))
-    with InProcessMaster(None, max_metadata_bytes=3000) as m:
+    bound = 3 * (OBJECT_BYTES + len("o0"))  # room for three objects' metadata, not four
+    with InProcessMaster(None, max_metadata_bytes=bound) as m:
         stub = m.stub(None)
         stub.RegisterNode(master_pb2.RegisterNodeRequest(node_id="a", endpoint=ep))
         stub.MountSegment(mount)
         items = [master_pb2.PutStartItem(key=f"o{i}", size=10) for i in range(4)]
         with pytest.raises(grpc.RpcError) as err:
             stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=items))
-        assert err.value.code() == EXHAUSTED and "max_metadata_bytes 3000" in err.value.details()
+        assert err.value.code() == EXHAUSTED
+        assert f"max_metadata_bytes {bound}" in err.value.details()
         stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=items[:2]))
         m.check()
 
