@@ -114,7 +114,7 @@ def from_pb_location(pb: common_pb2.Location) -> Location:
     tier = _TIERS.get(pb.tier)
     if tier is None:
         tier = Tier(pb.tier)  # raises ValueError on an unknown tier
-    return Location(pb.node_id, tier, pb.segment, pb.offset, pb.length)
+    return Location(pb.node_id, tier, pb.segment, pb.offset, pb.length, pb.capability)
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -7,7 +7,7 @@ as the layer). Tiers are ordered: lower is faster.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NewType
 
@@ -36,6 +36,9 @@ class Location:
     segment: str
     offset: int
     length: int
+    # Secured mode: the master's grant to READ or WRITE this range (kvstore.security.
+    # capabilities); not part of the location's identity (equality, hash).
+    capability: bytes = field(default=b"", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.offset < 0 or self.length <= 0:

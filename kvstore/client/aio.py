@@ -43,7 +43,7 @@ class AsyncClient:
 
     def __init__(self, master: str | ClientConfig, **options: Any) -> None:
         self.config = make_config(master, options)
-        self._data = DataPath(self.config.transport, self.config.timeout_s)
+        self._data = DataPath.for_config(self.config)
         self._ctx = OpContext(self.config, SegmentDirectory(), self._data)
         self._ops = ClientOps(self._ctx)
         self._channel: grpc.aio.Channel | None = None

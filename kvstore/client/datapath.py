@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import ssl
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvstore.buffers import byte_view
 from kvstore.client.buffers import address_of, engine_view
@@ -35,6 +37,7 @@ class Transfer:
     remote: SegmentDescriptor
     remote_offset: int
     view: memoryview
+    capability: bytes = b""  # the master's grant for this range (secured mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +59,14 @@ class _Region:
 class DataPath:
     """A transfer engine plus the user's registered buffers."""
 
-    def __init__(self, transport: str, timeout_s: float) -> None:
-        tcp = TcpConfig(connect_timeout=min(5.0, timeout_s), io_timeout=timeout_s)
+    def __init__(
+        self, transport: str, timeout_s: float, tls: ssl.SSLContext | None = None,
+        server_name: str = "",
+    ) -> None:  # fmt: skip
+        tcp = TcpConfig(
+            connect_timeout=min(5.0, timeout_s), io_timeout=timeout_s, tls=tls,
+            server_name=server_name,
+        )  # fmt: skip
         self.transport = transport
         self.engine = make_engine(transport, tcp=tcp)
         self._timeout = timeout_s
@@ -69,6 +78,19 @@ class DataPath:
         # transfer to or from one is a memcpy in place, with no engine and no second
         # mapping of the same memory (`adopt_local`).
         self._local: dict[str, memoryview] = {}
+
+    @classmethod
+    def for_config(cls, config: Any) -> DataPath:
+        """The data path of a ClientConfig: TLS to the nodes when its credential is mTLS
+        (kvstore.security.credentials.data_plane_client)."""
+        tls, name = None, ""
+        if config.credentials is not None:
+            from kvstore.security.credentials import data_plane_client
+            from kvstore.security.process import security_of
+
+            sec = security_of(config)
+            tls, name = data_plane_client(sec), sec.server_name
+        return cls(config.transport, config.timeout_s, tls, name)
 
     # -- registered buffers ----------------------------------------------------
 
@@ -179,7 +201,9 @@ class DataPath:
             temps.append(name)
             found = desc, 0
         desc, offset = found
-        return TransferRequest(op, t.remote, t.remote_offset, t.view.nbytes, desc, offset)
+        return TransferRequest(
+            op, t.remote, t.remote_offset, t.view.nbytes, desc, offset, t.capability
+        )
 
     def _check_reachable(self, remote: SegmentDescriptor) -> None:
         if self.transport == "shm" and not shm_reachable(remote):
@@ -189,8 +213,9 @@ class DataPath:
         if self.transport == "auto":
             choose_kind(remote)
 
-    def mapped(self, remote: SegmentDescriptor) -> memoryview | None:
-        """`remote` as mapped memory when this data path reaches it by shared memory."""
+    def mapped(self, remote: SegmentDescriptor, capability: bytes = b"") -> memoryview | None:
+        """`remote` as mapped memory when this data path reaches it by shared memory
+        (`capability`: the grant a secured node's fd server asks for)."""
         local = self._local.get(remote.name) if self._local else None
         if local is not None:
             return local
@@ -199,7 +224,7 @@ class DataPath:
         engine = self.engine
         shm = engine if isinstance(engine, ShmEngine) else engine.engine("shm")  # type: ignore[attr-defined]
         try:
-            return shm.mapped(remote)
+            return shm.mapped(remote, capability)
         except KVStoreError:
             return None
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvstore.edge import from_pb_location
 from kvstore.types import Location, Tier
@@ -72,7 +72,7 @@ class ExtentHolder:
                 if start + size > lease.end:
                     return None
                 locs.append(Location(lease.base.node_id, lease.base.tier, lease.base.segment,
-                                     start, size))  # fmt: skip
+                                     start, size, lease.base.capability))  # fmt: skip
                 cursor = start + size
             lease.cursor = cursor
             return lease.extent_id, locs
@@ -86,10 +86,13 @@ class ExtentHolder:
             self._lease = _Lease(reply.extent_id, base, base.offset, reply.alignment or 1, until)
             self.grants += 1
 
-    def renewed(self, extent_id: int, ttl_ms: int, sent_at: float) -> None:
+    def renewed(self, extent_id: int, ttl_ms: int, sent_at: float, capability: bytes = b"") -> None:
+        """The lease renewed by a commit (and, secured, the extent's fresh capability)."""
         with self._lock:
             if self._lease is not None and self._lease.extent_id == extent_id:
                 self._lease.usable_until = sent_at + ttl_ms / 1000 - self.margin_s
+                if capability:
+                    self._lease.base = replace(self._lease.base, capability=capability)
 
     def current(self) -> int:
         """The id of the extent to release with the next grant (0 = none)."""

@@ -203,10 +203,13 @@ def _read_round(
         if desc is None:
             results[i] = TransferError(f"segment {loc.segment!r} of {loc.node_id!r} is gone")
             continue
-        if sums[i] and _checked(ctx, loc, force) and (mem := ctx.data.mapped(desc)) is not None:
+        mem = (
+            ctx.data.mapped(desc, loc.capability) if sums[i] and _checked(ctx, loc, force) else None
+        )
+        if mem is not None:
             local.append((i, loc, mem))  # same host: copy and checksum in one pass
             continue
-        transfers.append(Transfer(desc, loc.offset, pending[i][1]))
+        transfers.append(Transfer(desc, loc.offset, pending[i][1], loc.capability))
         owners.append((i, loc))
     errors: list[Exception | None] = []
     if transfers:

@@ -24,5 +24,10 @@ def contributed_node(config: ClientConfig) -> StorageNode:
             hbm_device=config.hbm_device,
             rpc_timeout_s=config.timeout_s,
             credentials=config.credentials,
+            # its data plane's TLS and capability checks follow the client's credential
+            ca_file=config.ca_file,
+            cert_file=config.cert_file,
+            key_file=config.key_file,
+            token_file=config.token_file,
         )
     )

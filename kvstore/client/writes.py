@@ -180,7 +180,7 @@ def _write(
                 f"segment {loc.segment!r} of node {loc.node_id!r} is not in the pool"
             )
             continue
-        transfers.append(Transfer(desc, loc.offset, views[i]))
+        transfers.append(Transfer(desc, loc.offset, views[i], loc.capability))
         owners.append(i)
         locs_of.append(loc)
     batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
@@ -218,7 +218,7 @@ def extent_put_op(
         holder.fallbacks += len(keys)
         return list(range(len(keys)))
     transfers = [
-        Transfer(d, loc.offset, v)  # type: ignore[arg-type]
+        Transfer(d, loc.offset, v, loc.capability)  # type: ignore[arg-type]
         for d, loc, v in zip(descs, locs, views, strict=True)
     ]
     batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
@@ -251,7 +251,7 @@ def extent_put_op(
         holder.abandon(extent_id)
         holder.fallbacks += len(keys)
         return sorted(ok + retry)
-    holder.renewed(extent_id, reply.ttl_ms, sent)
+    holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
     for i, status in zip(ok, reply.results, strict=True):
         results[i] = error_for(status.code, status.message)
     holder.fallbacks += len(retry)

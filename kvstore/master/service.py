@@ -17,13 +17,15 @@ from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.master import leases, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
-from kvstore.master.batch import PutColumns
+from kvstore.master.batch import PREPARED, PutColumns
 from kvstore.master.broker import MoveBroker
 from kvstore.master.extents import CommitItem
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
 from kvstore.master.tiering import Move, MoveResult
 from kvstore.rpc_errors import error_for, translate
+from kvstore.security import capabilities
+from kvstore.security import config as security_config
 from kvstore.types import Location, ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -42,6 +44,10 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self.readers = ReaderBook(state.objects)  # who holds each read lease (own removes)
         self.broker = MoveBroker(state)  # tier moves handed to the nodes, paced
         self.fast_lane = ""  # HOST:PORT of kvstore.fastlane serving this servicer, if any
+        # Secured mode: data-plane capabilities on every location handed out (a key per
+        # node, made at RegisterNode); insecure mode issues none and pays nothing.
+        secured = not security_config.from_env().insecure
+        self.caps: capabilities.Issuer | None = capabilities.Issuer() if secured else None
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -58,18 +64,24 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             ep.rpc_address or "-",
         )  # fmt: skip
         cfg = self.state.config
-        return master_pb2.RegisterNodeResponse(
+        reply = master_pb2.RegisterNodeResponse(
             master_epoch=self.epoch,
             node_ttl_ms=int(cfg.node_ttl_s * 1000),
             heartbeat_interval_ms=int(cfg.heartbeat_interval_s * 1000),
         )
+        if self.caps is not None:  # a new key per registration: older grants stop verifying
+            key = self.caps.rotate(request.node_id)
+            reply.capability_key, reply.capability_key_id = key.secret, key.key_id
+            reply.capability_clock_ms = key.clock_ms
+        return reply
 
     @translate
     async def Heartbeat(
         self, request: master_pb2.HeartbeatRequest, context: Ctx
     ) -> master_pb2.HeartbeatResponse:
         self.state.heartbeat(request.node_id)
-        return master_pb2.HeartbeatResponse(master_epoch=self.epoch)
+        clock = self.caps.now_ms() if self.caps is not None else 0
+        return master_pb2.HeartbeatResponse(master_epoch=self.epoch, capability_clock_ms=clock)
 
     @translate
     async def MountSegment(
@@ -107,11 +119,24 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self._check_batch(len(request.items))
         if not request.client_id:
             raise BadRequestError("client_id must not be empty")
-        cols = _put_columns(request.items)
+        prepared = PREPARED.get()  # the guard's reading of this request, if it checked it
+        cols = prepared[1] if prepared and prepared[0] is request else put_columns(request.items)
         res = self.state.put_start_columns(request.client_id, request.client_node, cols)
         self.broker.wake()  # placement may have pushed a tier past its watermark
         payload = wire.put_start_results(self.state.objects, res, self.locations)
-        return master_pb2.PutStartResponse.FromString(payload)
+        reply = master_pb2.PutStartResponse.FromString(payload)
+        if self.caps is not None:
+            ttl = self.state.config.put_timeout_s  # then the master may reclaim the range
+            for r in reply.results:
+                self._grant(r.locations, capabilities.WRITE, ttl)
+        return reply
+
+    def _grant(self, locations: Sequence[common_pb2.Location], mode: int, ttl_s: float) -> None:
+        """Put on each location the capability for exactly its range and `mode`."""
+        assert self.caps is not None
+        grant = self.caps.grant
+        for loc in locations:
+            loc.capability = grant(loc.node_id, loc.segment, loc.offset, loc.length, mode, ttl_s)
 
     @translate
     async def PutEnd(
@@ -156,7 +181,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
         )
         # Concatenated encodings of the fields form one message: parsing is C (upb) and lazy.
-        return master_pb2.BatchLookupResponse.FromString(b"".join(parts))
+        reply = master_pb2.BatchLookupResponse.FromString(b"".join(parts))
+        if self.caps is not None and ttl > 0:  # READ for the lease; a pure query gets none
+            for r in reply.results:
+                self._grant(r.replicas, capabilities.READ, ttl)
+        return reply
 
     @translate
     async def MatchPrefix(
@@ -196,6 +225,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         )  # fmt: skip
         seg = self.state.registry.segment(ext.node_id, ext.segment)
         loc = to_pb_location(Location(ext.node_id, seg.tier, ext.segment, ext.start, ext.size))
+        if self.caps is not None:
+            self._grant([loc], capabilities.WRITE, self.state.config.extent_ttl_s)
         self.broker.wake()  # the grant may have pushed a tier past its watermark
         return master_pb2.GrantExtentResponse(
             extent_id=ext.extent_id, location=loc, alignment=seg.alignment,
@@ -213,6 +244,12 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         res = self.state.commit_extent(request.client_id, request.extent_id, items, request.release)
         reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
         reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
+        ext = self.state.extents.live.get(request.extent_id)
+        if self.caps is not None and ext is not None and not request.release:
+            reply.capability = self.caps.grant(
+                ext.node_id, ext.segment, ext.start, ext.size, capabilities.WRITE,
+                self.state.config.extent_ttl_s,
+            )  # fmt: skip
         return reply
 
     @translate
@@ -327,7 +364,7 @@ def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
         return BadRequestError(f"key {pb.key!r}: {exc}")
 
 
-def _put_columns(pbs: Sequence[master_pb2.PutStartItem]) -> PutColumns:
+def put_columns(pbs: Sequence[master_pb2.PutStartItem]) -> PutColumns:
     """A PutStart request's items as columns; items PutItem would refuse carry their error."""
     rows = [
         (it.key, it.size, it.replicas or 1, it.preferred_node, it.group,

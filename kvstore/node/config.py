@@ -50,6 +50,9 @@ class NodeConfig:
     # HA (kvstore.master.ha): every master of the pool, `master` among them; the node's
     # calls follow the leader (kvstore.failover). () = `master` alone.
     masters: tuple[str, ...] = ()
+    # Secured mode: uids besides this process's (and root) whose same-host processes may
+    # map the DRAM segment by fd, given a capability for it (kvstore.transfer.shm.fd_gate)
+    shm_peer_uids: tuple[int, ...] = ()
 
     # The node's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*): it
     # fills `credentials`, and node_id when left at its default (the master requires the
@@ -76,5 +79,7 @@ class NodeConfig:
             raise BadRequestError("a node must lend some DRAM or SSD bytes")
         if self.heartbeat_s < 0 or self.join_timeout_s < 0 or self.rpc_timeout_s <= 0:
             raise BadRequestError("heartbeat_s, join_timeout_s must be >= 0, rpc_timeout_s > 0")
+        if any(not isinstance(u, int) or u < 0 for u in self.shm_peer_uids):
+            raise BadRequestError(f"shm_peer_uids must be uids >= 0, got {self.shm_peer_uids}")
         if self.alignment < 0 or self.alignment & (self.alignment - 1):
             raise BadRequestError(f"alignment must be 0 or a power of two, got {self.alignment}")

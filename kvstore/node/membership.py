@@ -22,6 +22,7 @@ import grpc
 
 from kvstore.errors import KVStoreError, NotFoundError, UnavailableError
 from kvstore.rpc_errors import raise_from_rpc_error
+from kvstore.security.capabilities import Keyring
 from kvstore.types import Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -55,6 +56,7 @@ class Membership:
         alignment: int = 0,
         incarnation: str = "",
         after_join: Callable[[Callable[[str, Any], Any]], None] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self._stub = master_pb2_grpc.MasterStub(channel)
         self.node_id = node_id
@@ -65,6 +67,9 @@ class Membership:
         self._alignment = alignment
         self._incarnation = incarnation
         self._after_join = after_join  # e.g. announce a durable segment's objects
+        # Secured mode: the data-plane key each registration hands out, and the master's
+        # capability clock each heartbeat re-anchors (kvstore.security.capabilities)
+        self._keyring = keyring
         self._interval = heartbeat_s or 1.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,7 +90,16 @@ class Membership:
         req = master_pb2.RegisterNodeRequest(
             node_id=self.node_id, endpoint=self._endpoint, incarnation=self._incarnation
         )
+        sent = time.monotonic()
         reg = self._call("RegisterNode", req)
+        if self._keyring is not None:
+            if reg.capability_key:
+                self._keyring.install(
+                    reg.capability_key, reg.capability_key_id, reg.capability_clock_ms, sent
+                )
+            else:  # a master that issues no capabilities: ours can grant nothing
+                self._keyring.clear()
+                log.warning("master issued node %s no data-plane key", self.node_id)
         if not self._heartbeat_s and reg.heartbeat_interval_ms:
             self._interval = reg.heartbeat_interval_ms / 1000
         self._drop_stale()
@@ -124,8 +138,11 @@ class Membership:
     def _beat(self) -> bool:
         try:
             if self._joined:
+                sent = time.monotonic()
                 resp = self._call("Heartbeat", master_pb2.HeartbeatRequest(node_id=self.node_id))
                 if resp.master_epoch == self.epoch:
+                    if self._keyring is not None:
+                        self._keyring.anchor(resp.capability_clock_ms, sent)
                     return True
                 log.warning("master epoch changed to %s: re-joining", resp.master_epoch)
             self.join()

@@ -23,17 +23,21 @@ import grpc
 
 from kvstore import failover
 from kvstore.edge import sync_channel
-from kvstore.errors import KVStoreError, TransferError
+from kvstore.errors import BadRequestError, KVStoreError, TransferError
 from kvstore.node.config import NodeConfig
 from kvstore.node.membership import Membership, MountSpec
 from kvstore.node.segments import LocalSegment, create_dram
 from kvstore.node.tasks import TaskWorker
+from kvstore.security.capabilities import Keyring
+from kvstore.security.credentials import data_plane_server
+from kvstore.security.process import security_of
 from kvstore.tiers.hbm_segment import HbmSegment
-from kvstore.tiers.shm import reclaim_stale_files
+from kvstore.tiers.shm import FdServer, reclaim_stale_files
 from kvstore.tiers.ssd_segment import SsdSegment
 from kvstore.transfer.base import local_host_id
 from kvstore.transfer.nixl import NixlEngine, nixl_available
 from kvstore.transfer.nixl_pool import expose_all
+from kvstore.transfer.shm import fd_gate
 from kvstore.transfer.tcp_server import ServerConfig, TransferServer
 from kvstore.types import Tier
 from kvstore.v1 import common_pb2, master_pb2
@@ -61,7 +65,19 @@ class StorageNode:
         self.hbm: HbmSegment | None = None  # device memory (cpu device without a GPU)
         self.incarnation = uuid.uuid4().hex  # this process's life: the master's moves key
         self.worker: TaskWorker | None = None
-        self.server = TransferServer(ServerConfig(host=config.listen_host, port=config.tcp_port))
+        # Secured (the node has a credential): capabilities checked on every READ/WRITE,
+        # its DRAM fds only for a capability of an allowed uid, TLS with an mTLS credential.
+        self.keyring: Keyring | None = None
+        self.fd_server: FdServer | None = None
+        tls = None
+        if config.credentials is not None:
+            self.keyring = Keyring(config.node_id)
+            self.fd_server = FdServer(authorize=fd_gate(self.keyring, config.shm_peer_uids))
+            tls = data_plane_server(security_of(config))
+        self.server = TransferServer(
+            ServerConfig(host=config.listen_host, port=config.tcp_port), tls=tls,
+            keyring=self.keyring,
+        )  # fmt: skip
         self._channel: grpc.Channel | None = None
         self.membership: Membership | None = None
         self.nixl: NixlEngine | None = None
@@ -89,8 +105,10 @@ class StorageNode:
     def _create_segments(self) -> None:
         cfg = self.config
         reclaim_stale_files(cfg.node_id)  # /dev/shm files an old-design run of this id left
+        if self.fd_server is not None and not self.fd_server.running:
+            self.fd_server.start()
         if cfg.dram_bytes:
-            self.segments.append(create_dram(cfg.node_id, cfg.dram_bytes))
+            self.segments.append(create_dram(cfg.node_id, cfg.dram_bytes, self.fd_server))
         if cfg.ssd_bytes and cfg.ssd_dir:
             self.ssd = SsdSegment(
                 cfg.ssd_dir, cfg.ssd_bytes, cfg.node_id, direct_io=cfg.ssd_direct_io
@@ -129,7 +147,11 @@ class StorageNode:
         """Expose the DRAM segments through a NIXL agent (see NodeConfig.nixl)."""
         want = self.config.nixl
         dram = [(s.name, s.buffer) for s in self.segments if s.tier == Tier.DRAM]
-        if want is False or not dram or (want is None and not nixl_available()):
+        if want and self.keyring is not None:
+            raise BadRequestError("a secured node cannot serve NIXL: it checks no capability")
+        if want is False or not dram or self.keyring is not None:
+            return
+        if want is None and not nixl_available():
             return
         try:
             self.nixl = NixlEngine()
@@ -165,7 +187,7 @@ class StorageNode:
         self.membership = Membership(
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
             heartbeat_s=cfg.heartbeat_s, alignment=cfg.alignment,
-            incarnation=self.incarnation, after_join=self._announce,
+            incarnation=self.incarnation, after_join=self._announce, keyring=self.keyring,
         )  # fmt: skip
         self.membership.start(cfg.join_timeout_s)
         self.worker = TaskWorker(self._channel, cfg.node_id, self.lent(), cfg.rpc_timeout_s)
@@ -207,6 +229,8 @@ class StorageNode:
         self._close_nixl()  # deregister before the memory is unmapped
         for seg in self.lent():
             seg.close()
+        if self.fd_server is not None:
+            self.fd_server.stop()
 
     def __enter__(self) -> StorageNode:
         self.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from kvstore.tiers.shm import SharedSegment, check_segment_name
+from kvstore.tiers.shm import FdServer, SharedSegment, check_segment_name
 from kvstore.types import Tier
 
 
@@ -47,12 +47,13 @@ class LocalSegment:
             self._shared = None
 
 
-def create_dram(owner: str, size: int) -> LocalSegment:
+def create_dram(owner: str, size: int, server: FdServer | None = None) -> LocalSegment:
     """A new shared-memory segment of `size` bytes, reserved now (NoSpaceError if memory
-    is short), served by fd to same-host peers through this process's fd server."""
+    is short), served by fd to same-host peers through `server` (default: this
+    process's fd server; a secured node passes its own, gated one)."""
     shared = SharedSegment.create(segment_name(owner, Tier.DRAM), size)
     try:
-        shared.serve()
+        shared.serve(server)
     except BaseException:
         shared.close()
         raise

@@ -4,11 +4,16 @@ server_credentials(cfg)   tls: mTLS (a client certificate signed by ca_file requ
                           token: local credentials (loopback peers only); else None
 channel_credentials(cfg)  tls: this process's certificate + the CA; token: local
                           credentials + `authorization: Bearer <token>`; else None
+data_plane_server(cfg)    tls: an ssl.SSLContext for a node's TCP data plane (TLS 1.3,
+                          a client certificate signed by ca_file required); else None
+data_plane_client(cfg)    tls: the matching client context (the node's certificate
+                          checked against ca_file and its host name); else None
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 
 import grpc
@@ -70,3 +75,26 @@ def warn_insecure(component: str, address: str) -> None:
         log.warning(line)
     else:
         print(line, file=sys.stderr, flush=True)
+
+
+def data_plane_server(cfg: SecurityConfig) -> ssl.SSLContext | None:
+    """The TLS context of a node's TCP data plane (mode tls), else None."""
+    if cfg.mode != "tls":
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    ctx.load_verify_locations(cfg.ca_file)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def data_plane_client(cfg: SecurityConfig) -> ssl.SSLContext | None:
+    """The TLS context a client (or node) dials nodes' data planes with (mode tls)."""
+    if cfg.mode != "tls":
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(cfg.ca_file)
+    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx

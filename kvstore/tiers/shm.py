@@ -33,6 +33,7 @@ import struct
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from types import TracebackType
 
 import numpy as np
@@ -137,12 +138,13 @@ class SharedSegment:
         writable: bool = False,
         populate: bool = False,
         timeout_s: float = 10.0,
+        capability: bytes = b"",
     ) -> SharedSegment:
         """Map segment `name` served at `address` (NotFoundError if it serves no such
         segment, UnavailableError if nothing listens there); read-only by default.
         `populate` pre-faults the mapping for peers that will copy a lot."""
         check_segment_name(name)
-        fd = fetch_fd(address, name, timeout_s)
+        fd = fetch_fd(address, name, timeout_s, capability)
         try:
             size = os.fstat(fd).st_size  # the kernel's word, not the reply's
             if size == 0:
@@ -294,8 +296,12 @@ class FdServer:
     """
 
     def __init__(
-        self, address: str | None = None, timeout_s: float = 5.0, max_connections: int = 64
-    ) -> None:
+        self, address: str | None = None, timeout_s: float = 5.0, max_connections: int = 64,
+        authorize: Callable[[str, bytes, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        # authorize(name, capability, peer uid) raises a KVStoreError to refuse the fd
+        # (kvstore.transfer.shm.fd_gate); None: any process of this user (or root)
+        self.authorize = authorize
         self.address = check_address(address or f"@kvstore-fd-{os.getpid()}-{uuid.uuid4().hex}")
         self.timeout_s = timeout_s
         self._segments: dict[str, weakref.ref[SharedSegment]] = {}
@@ -390,10 +396,11 @@ class FdServer:
         try:
             with conn:
                 conn.settimeout(self.timeout_s)
-                if not _same_user(conn):
+                uid = _peer_uid(conn)
+                if self.authorize is None and uid not in (0, os.getuid()):
                     self._refuse(conn)
                     return
-                self._answer(conn)
+                self._answer(conn, uid)
         except OSError as e:
             log.debug("fd request dropped: %s", e)
         finally:
@@ -404,13 +411,16 @@ class FdServer:
             self._refused += 1
         conn.close()
 
-    def _answer(self, conn: socket.socket) -> None:
-        data, _, flags, _ = conn.recvmsg(MAX_NAME_BYTES + 1)
-        if flags & socket.MSG_TRUNC or len(data) > MAX_NAME_BYTES:
+    def _answer(self, conn: socket.socket, uid: int) -> None:
+        data, _, flags, _ = conn.recvmsg(MAX_NAME_BYTES + 1 + MAX_CAPABILITY_BYTES)
+        name, _, capability = data.partition(b"\0")  # name, then an optional capability
+        if flags & socket.MSG_TRUNC or len(name) > MAX_NAME_BYTES:
             conn.sendall(_NO + b"segment name too long")
             return
         try:
-            fd, size = self._lookup(data.decode())
+            if self.authorize is not None:
+                self.authorize(name.decode(), capability, uid)
+            fd, size = self._lookup(name.decode())
         except (UnicodeDecodeError, KVStoreError) as e:
             conn.sendall(_NO + str(e).encode()[:1024])
             return
@@ -430,13 +440,15 @@ class FdServer:
         return segment.dup_fd(), segment.size
 
 
-def _same_user(conn: socket.socket) -> bool:
+def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    return uid in (0, os.getuid())
+    return int(struct.unpack("3i", creds)[1])
 
 
-def fetch_fd(address: str, name: str, timeout_s: float = 10.0) -> int:
+MAX_CAPABILITY_BYTES = 255
+
+
+def fetch_fd(address: str, name: str, timeout_s: float = 10.0, capability: bytes = b"") -> int:
     """Ask the fd server at `address` for segment `name`'s fd, which the caller owns
     and must close. NotFoundError if not served there, UnavailableError if nothing
     listens, TransferError for a broken exchange."""
@@ -448,7 +460,7 @@ def fetch_fd(address: str, name: str, timeout_s: float = 10.0) -> int:
         except (FileNotFoundError, ConnectionRefusedError) as e:
             raise UnavailableError(f"no fd server at {address!r}: {e}") from e
         try:
-            sock.sendall(name.encode())
+            sock.sendall(name.encode() + (b"\0" + capability if capability else b""))
             data, fds, _, _ = socket.recv_fds(sock, 2048, 1)
         except OSError as e:
             raise TransferError(f"fd request for {name!r} at {address!r} failed: {e}") from e

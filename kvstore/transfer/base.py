@@ -148,6 +148,9 @@ class TransferRequest:
     length: int
     local: BufferDescriptor
     local_offset: int = 0
+    # The master's grant for this range and mode (kvstore.security.capabilities);
+    # b"" in insecure mode. Sent with the request; a secured node refuses it without.
+    capability: bytes = b""
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, TransferOp):

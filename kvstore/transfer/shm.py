@@ -6,14 +6,22 @@ and closed. Bytes then move by one memcpy (memoryview slice assignment), no
 socket and no copy through the peer process. Only segments whose descriptor says
 `shm`, names an fd socket and carries this host's id can be reached. Transfers
 run in the caller's thread; `submit` returns a completed handle.
+
+Secured mode: the request's capability goes with the fd request, and a secured node's
+fd server (`fd_gate`) hands the fd only for a live capability of that segment to a
+peer of an allowed uid. A mapping is the whole segment, so same-host shm peers are
+trusted at segment granularity: per-range enforcement between mutually untrusted
+local processes needs `transport="tcp"` (docs/security.md).
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from kvstore.errors import BadRequestError, KVStoreError, TransferError
+from kvstore.errors import BadRequestError, KVStoreError, PermissionDeniedError, TransferError
+from kvstore.security.capabilities import Keyring
 from kvstore.tiers.shm import SharedSegment
 from kvstore.transfer.base import (
     SegmentDescriptor,
@@ -53,7 +61,8 @@ class ShmEngine(TransferEngine):
 
     def _copy(self, req: TransferRequest, local: memoryview) -> Exception | None:
         try:
-            remote = self._segment(req.remote)[req.remote_offset : req.remote_offset + req.length]
+            mem = self._segment(req.remote, req.capability)
+            remote = mem[req.remote_offset : req.remote_offset + req.length]
             if req.op == TransferOp.READ:
                 local[:] = remote
             else:
@@ -64,7 +73,7 @@ class ShmEngine(TransferEngine):
             return TransferError(f"shm transfer on {req.remote.name!r} failed: {e}")
         return None
 
-    def _segment(self, desc: SegmentDescriptor) -> memoryview:
+    def _segment(self, desc: SegmentDescriptor, capability: bytes = b"") -> memoryview:
         """The mapped peer segment (attached once, writable). A segment re-created
         under the same name by a restarted owner comes from another fd socket: the
         cache is keyed by both."""
@@ -75,20 +84,21 @@ class ShmEngine(TransferEngine):
                 if seg is not None:
                     seg.close()
                 seg = self._maps[key] = SharedSegment.attach(
-                    desc.name, desc.shm_socket, writable=True, populate=True
-                )
+                    desc.name, desc.shm_socket, writable=True, populate=True,
+                    capability=capability,
+                )  # fmt: skip
         if seg.size < desc.size:
             raise BadRequestError(
                 f"segment {desc.name!r} has {seg.size} bytes, descriptor says {desc.size}"
             )
         return seg.buffer
 
-    def mapped(self, desc: SegmentDescriptor) -> memoryview:
+    def mapped(self, desc: SegmentDescriptor, capability: bytes = b"") -> memoryview:
         """The whole peer segment as memory (mapped once): for callers that copy and
         checksum in one pass instead of submitting a READ."""
         if not shm_reachable(desc):
             raise BadRequestError(f"segment {desc.name!r} is not a shared segment on this host")
-        return self._segment(desc)
+        return self._segment(desc, capability)
 
     def detach(self, name: str) -> bool:
         """Drop the cached mappings of segment `name` (e.g. after its owner removed it)."""
@@ -104,3 +114,18 @@ class ShmEngine(TransferEngine):
             maps, self._maps = list(self._maps.values()), {}
         for seg in maps:
             seg.close()
+
+
+def fd_gate(keyring: Keyring, uids: Iterable[int] = ()) -> Callable[[str, bytes, int], None]:
+    """A secured node's fd-server check (kvstore.tiers.shm.FdServer `authorize`): the
+    peer's SO_PEERCRED uid is this process's (or root, or one of `uids`), and it
+    presents a live capability `keyring` verifies for the segment it asks for."""
+    allowed = frozenset({0, os.getuid(), *uids})
+
+    def authorize(name: str, capability: bytes, uid: int) -> None:
+        if uid not in allowed:
+            keyring.refused += 1
+            raise PermissionDeniedError(f"fd of {name!r}: uid {uid} is not allowed")
+        keyring.check_segment(name, capability)
+
+    return authorize

@@ -5,7 +5,10 @@ worker thread. A batch is cut into chunks of at most `chunk_bytes`; workers pull
 chunks from the peer's queue, so a batch (and one large transfer) is spread over
 all connections in parallel. Payloads go straight between the socket and the
 registered buffer (`recv_into` / `sendall` of memoryview slices). Every socket
-operation has `io_timeout`; a dead or hung peer yields TransferError.
+operation has `io_timeout`; a dead or hung peer yields TransferError. Each request's
+capability (TransferRequest.capability, from the master) travels with every chunk
+of it. `tls` (an ssl.SSLContext, client side) wraps every connection; the node's
+certificate is checked against its CA and the endpoint's host (or `server_name`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
+import ssl
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +41,8 @@ class TcpConfig:
     depth: int = 8  # requests pipelined per connection (while under chunk_bytes in total)
     connect_timeout: float = 5.0
     io_timeout: float = 30.0  # a blocked send/recv longer than this fails the chunk
+    tls: ssl.SSLContext | None = None  # TLS to every node (kvstore.security.credentials)
+    server_name: str = ""  # TLS: the name to expect in nodes' certificates ("" = host)
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
@@ -73,6 +79,7 @@ class _Chunk:
     remote_offset: int
     view: memoryview
     state: _RequestState
+    capability: bytes = b""
 
 
 class _Connection:
@@ -109,7 +116,9 @@ class _Connection:
     def _send(self, sock: socket.socket, chunk: _Chunk) -> int:
         self._next_id = req_id = (self._next_id + 1) & 0xFFFFFFFF
         n = chunk.view.nbytes
-        header = wire.pack_request(chunk.op, req_id, chunk.name, chunk.remote_offset, n)
+        header = wire.pack_request(
+            chunk.op, req_id, chunk.name, chunk.remote_offset, n, chunk.capability
+        )
         if chunk.op == TransferOp.READ:
             sock.sendall(header)
             return req_id
@@ -153,6 +162,14 @@ class _Connection:
                 sock = socket.create_connection(self._addr, timeout=self._config.connect_timeout)
             except OSError as e:
                 raise TransferError(f"cannot connect to {self._addr}: {e}") from e
+            tls = self._config.tls
+            if tls is not None:
+                try:
+                    name = self._config.server_name or self._addr[0]
+                    sock = tls.wrap_socket(sock, server_hostname=name)
+                except OSError as e:  # a certificate that does not verify, a refused handshake
+                    sock.close()
+                    raise TransferError(f"TLS to {self._addr} failed: {e}") from e
             wire.tune(sock, self._config.io_timeout)
             self._sock = sock
         return self._sock
@@ -249,7 +266,9 @@ class TcpEngine(TransferEngine):
         name = req.remote.name.encode()
         for start in starts:
             piece = view[start : start + step]
-            peer.queue.put(_Chunk(req.op, name, req.remote_offset + start, piece, state))
+            peer.queue.put(
+                _Chunk(req.op, name, req.remote_offset + start, piece, state, req.capability)
+            )
 
     def _peer(self, endpoint: str) -> _Peer:
         with self._lock:

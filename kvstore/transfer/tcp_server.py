@@ -10,6 +10,14 @@ against the named segment; a bad one gets an error reply and the connection
 stays usable (a bad WRITE's payload is drained, or the connection closed when
 the payload is larger than `drain_limit`). Payloads go straight between the
 socket and segment memory: `recv_into` a segment slice, `sendall` of a slice.
+
+Secured mode (`keyring` given, kvstore.security.capabilities): every READ and WRITE
+must carry a capability the master issued to this node for a range covering the
+request's, in its mode, unexpired; else PERMISSION_DENIED and nothing is read or
+written (a refused WRITE's payload is drained into scratch memory like any other bad
+WRITE; the connection stays usable). Until the node has its key, everything is
+refused. `tls` (an ssl.SSLContext, server side) wraps every accepted connection; the
+handshake runs in the connection's thread within `io_timeout`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +34,7 @@ from typing import Protocol
 
 from kvstore.buffers import byte_view
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
+from kvstore.security.capabilities import Keyring
 from kvstore.tiers.shm import SharedSegment
 from kvstore.transfer import wire
 from kvstore.transfer.base import (
@@ -90,8 +100,13 @@ class _Conn:
 class TransferServer:
     """Serves READ/WRITE requests against the segments exposed by this process."""
 
-    def __init__(self, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig | None = None, *, tls: ssl.SSLContext | None = None,
+        keyring: Keyring | None = None,
+    ) -> None:  # fmt: skip
         self.config = config or ServerConfig()
+        self.tls = tls
+        self.keyring = keyring  # secured mode: capabilities checked (see the module doc)
         self._segments: dict[str, memoryview] = {}
         self._shm: dict[str, str | None] = {}  # name -> fd socket of shm segments
         self._lock = threading.Lock()
@@ -233,6 +248,12 @@ class TransferServer:
 
     def _start_connection(self, conn: socket.socket, peer: str = "") -> None:
         wire.tune(conn, min(self.config.io_timeout, self.config.idle_timeout_s))
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError):
+                conn.close()
+                return
         thread = threading.Thread(
             target=self._serve_connection, args=(conn,), name="kvstore-transfer-conn", daemon=True
         )
@@ -242,6 +263,8 @@ class TransferServer:
 
     def _serve_connection(self, conn: socket.socket) -> None:
         try:
+            if isinstance(conn, ssl.SSLSocket):
+                conn.do_handshake()  # a peer that stalls or fails it is dropped
             while not self._stopping.is_set():
                 header = self._recv_header(conn)
                 if header is None:
@@ -266,7 +289,7 @@ class TransferServer:
         while got < len(buf):
             try:
                 n = conn.recv_into(buf[got:])
-            except (TimeoutError, BlockingIOError):
+            except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
                 now = time.monotonic()
                 if got == 0 and not self._stopping.is_set():
                     if now - idle < self.config.idle_timeout_s:
@@ -299,12 +322,17 @@ class TransferServer:
             raise _CloseConnection("bad header")
         name = wire.recv_exact(conn, name_len).decode(errors="replace")
         if version != wire.VERSION:
-            conn.sendall(wire.pack_error(req_id, BadRequestError(f"bad version {version}")))
+            why = f"bad version {version}: this node speaks transfer protocol {wire.VERSION}"
+            conn.sendall(wire.pack_error(req_id, BadRequestError(why)))
             raise _CloseConnection("bad version")
+        cap_len = wire.recv_exact(conn, 1)[0]
+        capability = wire.recv_exact(conn, cap_len) if cap_len else b""
         if op not in (TransferOp.READ, TransferOp.WRITE):
             conn.sendall(wire.pack_error(req_id, BadRequestError(f"unknown op {op}")))
             raise _CloseConnection("unknown op")
         try:
+            if self.keyring is not None:
+                self.keyring.check(name, offset, length, op, capability)
             target = self._target(name, offset, length)
         except KVStoreError as e:
             self._reject(conn, op, req_id, length, e)

@@ -1,8 +1,12 @@
 """TCP framing of the transfer protocol, and exact-length socket helpers.
 
-Request  (24 bytes + name):  op u8 | version u8 | name_len u16 | req_id u32 |
-                             offset u64 | length u64 | segment name (UTF-8)
+Request  (24 bytes + name + 1 + cap):  op u8 | version u8 | name_len u16 | req_id u32 |
+                             offset u64 | length u64 | segment name (UTF-8) |
+                             cap_len u8 | capability (kvstore.security.capabilities;
+                             cap_len 0 = none, which a secured node refuses)
          a WRITE is followed by `length` payload bytes.
+Version 2 added the capability; a node answers any other version with BAD_REQUEST
+naming both versions, then closes (old and new peers fail clearly, never misparse).
 Response (16 bytes):         status u8 | pad 3 | req_id u32 | length u64
          status OK + READ: `length` payload bytes follow; OK + WRITE: length 0;
          an error status: a UTF-8 message of `length` bytes follows.
@@ -12,6 +16,7 @@ All integers little-endian. One request in flight per connection.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from enum import IntEnum
 
@@ -19,11 +24,13 @@ from kvstore.errors import (
     BadRequestError,
     KVStoreError,
     NotFoundError,
+    PermissionDeniedError,
     TooLargeError,
     TransferError,
 )
 
-VERSION = 1
+VERSION = 2
+MAX_CAPABILITY_BYTES = 255
 REQUEST = struct.Struct("<BBHIQQ")
 RESPONSE = struct.Struct("<BxxxIQ")
 MAX_ERROR_BYTES = 4096
@@ -35,6 +42,7 @@ class Status(IntEnum):
     NOT_FOUND = 2
     TOO_LARGE = 3
     INTERNAL = 4
+    PERMISSION_DENIED = 5  # no valid capability for this range and mode
 
 
 _ERRORS: dict[Status, type[KVStoreError]] = {
@@ -42,6 +50,7 @@ _ERRORS: dict[Status, type[KVStoreError]] = {
     Status.NOT_FOUND: NotFoundError,
     Status.TOO_LARGE: TooLargeError,
     Status.INTERNAL: TransferError,
+    Status.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 
@@ -53,6 +62,8 @@ def status_of(error: Exception) -> Status:
         return Status.BAD_REQUEST
     if isinstance(error, NotFoundError):
         return Status.NOT_FOUND
+    if isinstance(error, PermissionDeniedError):
+        return Status.PERMISSION_DENIED
     return Status.INTERNAL
 
 
@@ -65,8 +76,16 @@ def error_of(status: int, message: str) -> KVStoreError:
     return cls(f"peer: {message}")
 
 
-def pack_request(op: int, req_id: int, name: bytes, offset: int, length: int) -> bytes:
-    return REQUEST.pack(op, VERSION, len(name), req_id, offset, length) + name
+def pack_request(
+    op: int, req_id: int, name: bytes, offset: int, length: int, capability: bytes = b""
+) -> bytes:
+    if len(capability) > MAX_CAPABILITY_BYTES:
+        raise BadRequestError(f"capability of {len(capability)} bytes")
+    header = REQUEST.pack(op, VERSION, len(name), req_id, offset, length)
+    return header + name + _CAP_LEN[len(capability)] + capability
+
+
+_CAP_LEN = [bytes([n]) for n in range(MAX_CAPABILITY_BYTES + 1)]
 
 
 def pack_response(status: Status, req_id: int, length: int) -> bytes:
@@ -95,7 +114,12 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def send_with_header(sock: socket.socket, header: bytes, payload: memoryview) -> None:
-    """Send header + payload with one syscall where the kernel takes it all (no copy)."""
+    """Send header + payload with one syscall where the kernel takes it all (no copy);
+    over TLS (no sendmsg) the header alone, then the payload."""
+    if isinstance(sock, ssl.SSLSocket):
+        sock.sendall(header)
+        sock.sendall(payload)
+        return
     sent = sock.sendmsg([header, payload])
     if sent < len(header):
         sock.sendall(header[sent:])
