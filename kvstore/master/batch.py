@@ -16,6 +16,7 @@ the common path.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,11 @@ class PutColumns:
         bad = (sizes <= 0) | (reps < 1) | (reps > 16) | ~(pins >= 0) | (lens == 0)
         bad |= (lens * 4 > MAX_KEY_BYTES) | (tiers > max(Tier)) | (tiers < -1)
         return np.nonzero(bad)[0].tolist()
+
+
+# A PutStart request and its columns, as the master's guard read them to check it (kvstore.
+# security.guard), so that the servicer reads the request's fields only once.
+PREPARED: ContextVar[tuple[object, PutColumns] | None] = ContextVar("put_columns", default=None)
 
 
 def _suspect(c: PutColumns, i: int) -> bool:

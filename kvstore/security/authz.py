@@ -54,6 +54,7 @@ class Call:
     request: Any
     state: Any
     keys: list[str] | None = None  # request.keys as a list, when the guard made one
+    items: Any = None  # PutStart / CommitExtent items as columns (limits.Items), likewise
 
     @property
     def free(self) -> bool:
@@ -120,8 +121,11 @@ def _own_keys(call: Call, keys: Any) -> None:
 def _put_start(call: Call) -> None:
     _writer(call)
     if call.ident.scoped:
-        _own_keys(call, [it.key for it in call.request.items])
-        _own_keys(call, [it.group for it in call.request.items if it.group])
+        cols = call.items
+        keys = cols.keys if cols is not None else [it.key for it in call.request.items]
+        groups = cols.groups if cols is not None else [it.group for it in call.request.items]
+        _own_keys(call, keys)
+        _own_keys(call, [g for g in groups if g])
 
 
 def _commit_extent(call: Call) -> None:

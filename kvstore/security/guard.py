@@ -19,10 +19,12 @@ from typing import Any
 import grpc
 
 from kvstore.errors import KVStoreError
+from kvstore.master.batch import PREPARED
+from kvstore.master.service import put_columns
 from kvstore.rpc_errors import status_for
 from kvstore.security import identity
 from kvstore.security.authz import Answer, Call, Post, authorize
-from kvstore.security.limits import Limits
+from kvstore.security.limits import Items, Limits
 from kvstore.security.tenants import Ledger
 
 PREFIX = "/kvstore.v1.Master/"
@@ -80,11 +82,18 @@ class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def admit(self, name: str, request: Any) -> Post | None:
         """Raise the typed error of a refused call; else the reply's finishing step."""
         keys = list(request.keys) if name in _KEYED else None  # built once, checked twice
-        self.limits.check(name, request, keys)
+        items = None
+        if name == "PutStart":  # the servicer's own columns, read once for both (PREPARED)
+            cols = put_columns(request.items)
+            PREPARED.set((request, cols))
+            items = Items.of_put(cols)
+        elif name == "CommitExtent":
+            items = Items.of(name, request.items)
+        self.limits.check(name, request, keys, items)
         ident = identity.current()
-        post = authorize(Call(ident, name, request, self.state, keys))
-        if name in ("PutStart", "CommitExtent"):
-            self.ledger.admit(request.items)
+        post = authorize(Call(ident, name, request, self.state, keys, items))
+        if items is not None:
+            self.ledger.admit(items)
         elif name == "GrantExtent" and ident.scoped:
             self.ledger.admit_bytes(identity.tenant_of(ident), request.size)
         return post

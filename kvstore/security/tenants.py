@@ -17,6 +17,7 @@ from typing import Any
 
 from kvstore.errors import NoSpaceError
 from kvstore.master.objects import OBJECT_BYTES, REPLICA_BYTES, tenant_of
+from kvstore.security.limits import Items
 
 __all__ = ["Ledger", "object_cost", "tenant_of"]
 
@@ -50,24 +51,24 @@ class Ledger:
         """The tenant's quota in bytes (0 = none)."""
         return self.quotas.get(tenant, self.quota_default)
 
-    def admit(self, items: Any) -> None:
-        """Refuse a PutStart or CommitExtent batch that would pass a tenant's quota or the
-        metadata bound (NoSpaceError, RESOURCE_EXHAUSTED, naming the limit); nothing is
-        reserved here."""
-        quotas = self.usage.tenant_bytes is not None
-        asked: dict[str, int] = {}
-        meta = 0
-        for it in items:
-            held, m = object_cost(it.key, it.size, min(max(1, getattr(it, "replicas", 1)), 16))
-            meta += m
-            if quotas:
-                tenant = tenant_of(it.key)
-                asked[tenant] = asked.get(tenant, 0) + held
+    def admit(self, cols: Items) -> None:
+        """Refuse a PutStart or CommitExtent batch (its columns) that would pass a tenant's
+        quota or the metadata bound (NoSpaceError, RESOURCE_EXHAUSTED, naming the limit);
+        nothing is reserved here."""
+        n = len(cols.keys)
+        copies = cols.copies()
+        meta = OBJECT_BYTES * n + sum(map(len, cols.keys)) + REPLICA_BYTES * (copies - n)
         if self.usage.metadata + meta > self.max_metadata:
             raise NoSpaceError(
                 f"the master's metadata would pass max_metadata_bytes {self.max_metadata} "
                 f"(~{self.usage.metadata} held)"
             )
+        if self.usage.tenant_bytes is None:
+            return
+        asked: dict[str, int] = {}
+        for key, size, replicas in zip(cols.keys, cols.sizes, cols.replicas, strict=True):
+            tenant = tenant_of(key)
+            asked[tenant] = asked.get(tenant, 0) + size * min(max(1, replicas), 16)
         for tenant, want in asked.items():
             self.admit_bytes(tenant, want, "put")
 
