@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -59,6 +60,18 @@ log = logging.getLogger("kvstore.master")
 SERVICE_NAME = "kvstore.v1.Master"
 # Calls that show committed state: answered only once nothing they could show is pending.
 READS = frozenset({"BatchLookup", "MatchPrefix", "ListObjects", "Stats", "Inspect"})
+# The longest read lease any leader of the pool granted, a journal record of its own
+# (not one of kvstore.master.journal's n/ s/ o/ kinds): read leases live in the leader's
+# memory, so a new leader holds every restored object that long (see `_lead`).
+LEASE_RECORD = b"h/lease"
+
+
+def lease_horizon(records: list[tuple[bytes, bytes]]) -> float:
+    """The LEASE_RECORD's seconds among loaded `records` (0.0 when absent)."""
+    for key, value in records:
+        if bytes(key) == LEASE_RECORD:
+            return float(json.loads(bytes(value))["lease_s"])
+    return 0.0
 
 
 def not_leader(leader: str, why: str) -> str:
@@ -112,6 +125,9 @@ class ReplicatedJournal:
 
     def load(self) -> Snapshot:
         return self._snapshot
+
+    def save_lease_horizon(self, lease_s: float) -> None:
+        self._put(LEASE_RECORD, json.dumps({"lease_s": lease_s}).encode())
 
     def close(self) -> None:
         self.fail(NotLeaderError(not_leader("", "journal closed")))
@@ -253,6 +269,7 @@ class HAMaster:
         self._warned = False
         self.lane: FastLaneServer | None = None
         self.lane_address = ""
+        self.granted_lease_s = 0.0  # the longest read lease granted (LEASE_RECORD)
 
     @property
     def role(self) -> str:
@@ -333,6 +350,10 @@ class HAMaster:
             reply = await behavior(request, context)
         else:  # as a single master's interceptor: limits, authz, quotas (a refusal aborts)
             reply = await guard.call(method, behavior, request, context)
+        if method == "BatchLookup" and reply.lease_ttl_ms > self.granted_lease_s * 1000:
+            # durable before the lease is answered, so a successor honours it
+            self.granted_lease_s = reply.lease_ttl_ms / 1000
+            journal.save_lease_horizon(self.granted_lease_s)
         if journal.seq > before or (method in READS and journal.durable < journal.seq):
             try:
                 await journal.sync()
@@ -386,11 +407,14 @@ class HAMaster:
         from kvstore.master.server import _tick_forever
 
         t0 = time.monotonic()
-        journal = ReplicatedJournal(
-            self.coord, epoch, snapshot_of(await self.coord.load()), self.ha
-        )
+        records = await self.coord.load()
+        horizon = lease_horizon(records)
+        snapshot = snapshot_of(r for r in records if bytes(r[0]) != LEASE_RECORD)
+        journal = ReplicatedJournal(self.coord, epoch, snapshot, self.ha)
         state = MasterState(self.config, journal=journal)
         restored = state.restore()
+        self.granted_lease_s = horizon
+        hold_restored(state, horizon)
         servicer = MasterServicer(state, str(epoch))
         servicer.fast_lane = self.lane_address  # Stats tells clients where it is
         # The guard of this term: its quota ledger is rebuilt from the restored objects.
@@ -466,6 +490,20 @@ class HAMaster:
                 self.on_role("follower", 0)
         with contextlib.suppress(Exception):  # resign: a successor need not wait the TTL
             await asyncio.wait_for(self.coord.revoke(lease), self.ha.rpc_timeout_s)
+
+
+def hold_restored(state: MasterState, lease_s: float) -> None:
+    """Lease every restored object for `lease_s` from now: the read leases of the last
+    leader died with it, and a reader may still use what one of them let it cache
+    (kvstore.client.locations); it began before this term, so it ends within `lease_s`
+    of now. Until then removes are refused (NotReadyError) and eviction skips them."""
+    if lease_s <= 0:
+        return
+    now = state.clock()
+    for key in list(state.objects):
+        obj = state.objects.get(key)
+        if obj is not None:
+            obj.lease_until = max(obj.lease_until, now + lease_s)
 
 
 async def connect_with_backoff(coord: Coordinator, ha: HAConfig) -> None:

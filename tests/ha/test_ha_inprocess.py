@@ -15,7 +15,7 @@ import pytest
 
 from kvstore import fastlane
 from kvstore.client import Client
-from kvstore.errors import NotLeaderError
+from kvstore.errors import NotLeaderError, NotReadyError
 from kvstore.master.config import MasterConfig
 from kvstore.master.coord import HAConfig, MemoryCoordinator, MemoryEtcd
 from kvstore.master.ha import HAMaster
@@ -161,4 +161,35 @@ def test_clients_use_the_leaders_fast_lane_and_follow_it(
         assert c._router.fallbacks >= 1
         assert c.get("b") == b"2" * 100 and c.get("a") == b"1" * 100
         assert c._router.lane is not None and c._router.lane.address == new.lane_address
+        new.state.check_integrity()
+
+
+def test_a_new_leader_honours_the_read_leases_of_the_last(masters: Any) -> None:
+    """A reader's lease (and the location it cached under it) outlives a failover: the
+    new leader holds every restored object for the longest lease granted, then frees it."""
+    _, ms, _ = masters
+    old = wait_leader(ms)
+    addresses = ",".join(m.address for m in ms)
+    opts: dict[str, Any] = {"segment_bytes": 4 << 20, "failover_timeout_s": 10}
+    with Client(addresses, lease_ttl_s=1.5, **opts) as reader, Client(addresses, **opts) as other:
+        reader.put("k", b"v" * 100)
+        assert reader.get("k") == b"v" * 100  # a leased lookup: 1.5 s, and cached
+        assert old.granted_lease_s == 1.5
+        old.coord.cut = True
+        new = wait_leader(ms, not_=old)
+        elected = time.monotonic()
+        assert new.granted_lease_s == 1.5  # restored from the journal
+        with pytest.raises(NotReadyError):
+            other.remove("k")  # the old leader's lease still holds
+        assert reader.get("k") == b"v" * 100
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert other.remove("k") is True
+                break
+            except NotReadyError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)  # polling the new leader's hold
+        assert time.monotonic() - elected < 1.5 + 1.0  # held no longer than the lease
+        assert not other.exists("k")
         new.state.check_integrity()
