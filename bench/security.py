@@ -5,6 +5,14 @@ Every mode runs the guard (limits and authorization); the secure ones add TLS an
 a tenant-scoped client, its key checks. Target (issue 10): mTLS >= 0.8x of insecure.
 
     python bench/security.py [--quick] [--json] [--batch 1000] [--keys 20000]
+
+`--data-plane`: what the data plane's security costs instead. TCP get (READ) and put
+(WRITE) of 1 MiB and 16 MiB objects from a `kvstore.transfer.serve` process, four
+such servers side by side in one run (rounds interleaved): plain, capabilities checked,
+TLS, TLS + capabilities; plus the cost of one capability grant (the master) and check
+(the node) alone. Target (issue 10): TCP get with TLS >= 0.85x of plain.
+
+    python bench/security.py --data-plane [--quick] [--json] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -12,11 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -26,6 +38,7 @@ import grpc  # noqa: E402
 from kvstore.edge import GRPC_OPTIONS  # noqa: E402
 from kvstore.security.config import SecurityConfig  # noqa: E402
 from kvstore.security.credentials import channel_credentials  # noqa: E402
+from kvstore.transfer.serve import read_descriptor  # noqa: E402
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc  # noqa: E402
 from tests.security.helpers import Pki, start_master  # noqa: E402
 
@@ -82,8 +95,132 @@ async def lookups(address: str, sec: SecurityConfig | None, keys: list[str], bat
         return done / (time.perf_counter() - start)
 
 
+DATA_TARGET = 0.85
+MIB = 1 << 20
+DATA_MODES = ("plain", "caps", "tls", "tls+caps")
+
+
+@dataclass
+class _Served:
+    proc: subprocess.Popen[bytes]
+    desc: Any
+
+
+def _serve(name: str, size: int, tls: SecurityConfig | None, key: Any, clock_ms: int) -> _Served:
+    args = [sys.executable, "-m", "kvstore.transfer.serve", "--name", name, "--size",
+            str(size), "--seed", "1"]  # fmt: skip
+    if tls is not None:
+        args += ["--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file]
+    if key is not None:
+        args += ["--capability-key", key.secret.hex(), "--key-id", str(key.key_id),
+                 "--clock-ms", str(clock_ms)]  # fmt: skip
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None
+    return _Served(proc, read_descriptor(proc.stdout))
+
+
+def _timed_batch(engine: Any, reqs: list[Any]) -> float:
+    start = time.perf_counter()
+    results = engine.submit(reqs).wait(60)
+    elapsed = time.perf_counter() - start
+    assert all(r is None for r in results), results
+    return elapsed
+
+
+def data_plane(args: argparse.Namespace) -> dict[str, Any]:
+    from kvstore.security.capabilities import READ, WRITE, Issuer, Keyring
+    from kvstore.security.credentials import data_plane_client
+    from kvstore.transfer.base import TransferOp, TransferRequest
+    from kvstore.transfer.tcp import TcpConfig, TcpEngine
+
+    work = Path(tempfile.mkdtemp(prefix="kvs-bench-dp-"))
+    pki = Pki(work / "pki")
+    issuer = Issuer()
+    key = issuer.rotate("n1")
+    batch_bytes = 16 * MIB if args.quick else 32 * MIB
+    sizes = (1 * MIB, 16 * MIB)
+    served = {}
+    try:
+        for i, mode in enumerate(DATA_MODES):
+            tls = pki.tls("n1") if "tls" in mode else None
+            caps = key if "caps" in mode else None
+            served[mode] = _serve(f"kvs-bench-dp-{os.getpid()}-{i}", batch_bytes, tls, caps,
+                                  issuer.now_ms())  # fmt: skip
+        client_tls = data_plane_client(pki.tls("alice-1"))
+        engines = {
+            m: TcpEngine(TcpConfig(connections=args.connections,
+                                   tls=client_tls if "tls" in m else None))
+            for m in DATA_MODES
+        }  # fmt: skip
+        local = bytearray(batch_bytes)
+        bufs = {m: e.register("local", local) for m, e in engines.items()}
+        gbps: dict[str, dict[str, list[float]]] = {}
+        for _ in range(args.rounds):
+            for size in sizes:
+                n = batch_bytes // size
+                for op, mode_flag in ((TransferOp.READ, READ), (TransferOp.WRITE, WRITE)):
+                    for m in DATA_MODES:
+                        desc = served[m].desc
+                        reqs = []
+                        for j in range(n):
+                            cap = b""
+                            if "caps" in m:  # granted per batch, as a lookup would
+                                cap = issuer.grant("n1", desc.name, j * size, size, mode_flag,
+                                                   60.0)  # fmt: skip
+                            reqs.append(TransferRequest(op, desc, j * size, size, bufs[m],
+                                                        j * size, cap))  # fmt: skip
+                        _timed_batch(engines[m], reqs)  # warm connections and pages
+                        best = min(_timed_batch(engines[m], reqs) for _ in range(args.repeat))
+                        row = f"{'get' if op == TransferOp.READ else 'put'} {size // MIB} MiB"
+                        gbps.setdefault(row, {}).setdefault(m, []).append(batch_bytes / best / 1e9)
+        for e in engines.values():
+            e.close()
+    finally:
+        for s in served.values():
+            assert s.proc.stdin is not None
+            s.proc.stdin.close()
+            s.proc.wait(30)
+    ring = Keyring("n1")
+    ring.install(key.secret, key.key_id, issuer.now_ms(), time.monotonic())
+    cap = issuer.grant("n1", "kvs-seg", 4096, MIB, READ, 60.0)
+    n = 20_000
+    start = time.perf_counter()
+    for _ in range(n):
+        issuer.grant("n1", "kvs-seg", 4096, MIB, READ, 60.0)
+    grant_us = (time.perf_counter() - start) / n * 1e6
+    start = time.perf_counter()
+    for _ in range(n):
+        ring.check("kvs-seg", 4096, MIB, READ, cap)
+    check_us = (time.perf_counter() - start) / n * 1e6
+    med = {row: {m: statistics.median(v) for m, v in by.items()} for row, by in gbps.items()}
+    ratios = {
+        row: {m: by[m] / by["plain"] for m in DATA_MODES if m != "plain"} for row, by in med.items()
+    }
+    return {
+        "gbps": med, "rounds": gbps, "vs_plain": ratios, "batch_bytes": batch_bytes,
+        "connections": args.connections, "grant_us": grant_us, "check_us": check_us,
+        "target_tls_get": DATA_TARGET,
+    }  # fmt: skip
+
+
+def print_data_plane(out: dict[str, Any], rounds: int) -> None:
+    mib, conns = out["batch_bytes"] // MIB, out["connections"]
+    print(f"TCP data plane, {mib} MiB per batch, {conns} connections, median of {rounds} rounds")
+    print(f"  {'row':<12}{'plain GB/s':>12}" + "".join(f"{m:>18}" for m in DATA_MODES[1:]))
+    for row, by in out["gbps"].items():
+        cells = [f"{by[m]:.2f} ({out['vs_plain'][row][m]:.2f}x)" for m in DATA_MODES[1:]]
+        print(f"  {row:<12}{by['plain']:>12.2f}" + "".join(f"{c:>18}" for c in cells))
+    print(f"capability: grant {out['grant_us']:.2f} us, check {out['check_us']:.2f} us")
+    gets = [out["vs_plain"][r]["tls"] for r in out["vs_plain"] if r.startswith("get")]
+    verdict = "met" if min(gets) >= DATA_TARGET else "missed"
+    print(f"target: TCP get with TLS >= {DATA_TARGET}x of plain -> {verdict}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-plane", action="store_true")
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--keys", type=int, default=20_000)
     p.add_argument("--seconds", type=float, default=3.0)
@@ -92,6 +229,15 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.data_plane:
+        if args.quick:
+            args.rounds, args.repeat = 1, 2
+        out = data_plane(args)
+        if args.json:
+            print(json.dumps(out, sort_keys=True))
+        else:
+            print_data_plane(out, args.rounds)
+        return 0
     if args.quick:
         args.keys, args.seconds, args.rounds = 5000, 1.0, 1
     work = Path(tempfile.mkdtemp(prefix="kvs-bench-sec-"))

@@ -1,10 +1,16 @@
 """A process that exposes one SharedSegment over TCP, by fd (and NIXL): tests, benches, demos.
 
     python -m kvstore.transfer.serve --name SEG --size BYTES [--seed N] [--nixl]
+        [--tls-ca CA --tls-cert CERT --tls-key KEY]
+        [--capability-key HEX --key-id N --clock-ms MS --node-id ID]
 
 Prints the segment descriptor as one line "descriptor: <json>" on stdout, then serves until its
 stdin closes (the parent exits or closes the pipe), then stops and frees it.
-`--seed` fills the segment with `pattern(size, seed)`.
+`--seed` fills the segment with `pattern(size, seed)`. `--tls-*` serve the TCP data
+plane over TLS (kvstore.security.credentials.data_plane_server); `--capability-key`
+(32 bytes, hex) checks capabilities as node `--node-id` would with that key, as if
+RegisterNode had answered `--key-id` and the master's clock `--clock-ms` (read before
+this process started) when it starts.
 """
 
 from __future__ import annotations
@@ -53,11 +59,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--nixl", action="store_true", help="also publish NIXL metadata")
+    parser.add_argument("--tls-ca", default="")
+    parser.add_argument("--tls-cert", default="")
+    parser.add_argument("--tls-key", default="")
+    parser.add_argument("--capability-key", default="", help="hex secret: check capabilities")
+    parser.add_argument("--key-id", type=int, default=1)
+    parser.add_argument("--clock-ms", type=int, default=0)
+    parser.add_argument("--node-id", default="n1")
     args = parser.parse_args(argv)
     segment = SharedSegment.create(args.name, args.size)
     if args.seed is not None:
         segment.numpy()[:] = pattern(args.size, args.seed)
-    server = TransferServer(ServerConfig(host=args.host))
+    tls, keyring = None, None
+    if args.tls_cert:
+        from kvstore.security.config import SecurityConfig
+        from kvstore.security.credentials import data_plane_server
+
+        sec = SecurityConfig(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+        tls = data_plane_server(sec)
+    if args.capability_key:
+        import time
+
+        from kvstore.security.capabilities import Keyring
+
+        keyring = Keyring(args.node_id)
+        secret = bytes.fromhex(args.capability_key)
+        keyring.install(secret, args.key_id, args.clock_ms, time.monotonic())
+    server = TransferServer(ServerConfig(host=args.host), tls=tls, keyring=keyring)
     server.start()
     desc = server.expose_segment(segment)
     nixl_engine = None
