@@ -320,13 +320,14 @@ class TransferServer:
         if name_len > MAX_NAME_BYTES:
             conn.sendall(wire.pack_error(req_id, BadRequestError("segment name too long")))
             raise _CloseConnection("bad header")
-        name = wire.recv_exact(conn, name_len).decode(errors="replace")
-        if version != wire.VERSION:
+        if version != wire.VERSION:  # its name (as every version frames it), no further
+            wire.recv_exact(conn, name_len)
             why = f"bad version {version}: this node speaks transfer protocol {wire.VERSION}"
             conn.sendall(wire.pack_error(req_id, BadRequestError(why)))
             raise _CloseConnection("bad version")
-        cap_len = wire.recv_exact(conn, 1)[0]
-        capability = wire.recv_exact(conn, cap_len) if cap_len else b""
+        tail = wire.recv_exact(conn, name_len + 1)  # the name and the capability's length
+        name = tail[:name_len].decode(errors="replace")
+        capability = wire.recv_exact(conn, tail[name_len]) if tail[name_len] else b""
         if op not in (TransferOp.READ, TransferOp.WRITE):
             conn.sendall(wire.pack_error(req_id, BadRequestError(f"unknown op {op}")))
             raise _CloseConnection("unknown op")
