@@ -73,7 +73,7 @@ class AdminRpcs:
         return master_pb2.InspectResponse(
             object=object_info(found.obj, self.state.clock()),
             age_ms=int(found.age_s * 1000),
-            hits=getattr(found.obj, "hits", 0),
+            hits=found.obj.hits,
             writer=found.obj.writer,
             group_members=found.group_members,
             lease_holder=found.lease_holder,

@@ -12,6 +12,7 @@ from kvstore.errors import KVStoreError, NotFoundError, NotReadyError
 from kvstore.master import batch
 from kvstore.master.batch import COMPLETE, RowBatch
 from kvstore.master.commit import count_bytes
+from kvstore.master.objects import MAX_HITS
 
 if TYPE_CHECKING:
     from kvstore.master.metadata import MasterState
@@ -44,6 +45,8 @@ def lookup(
     for slot in np.nonzero(counts)[0].tolist():  # the first replica's segment serves it
         t.segments[slot].counters.hits += int(counts[slot])
     count_bytes(state, rows, "bytes_out", first_only=True)
+    hits = t.col["hits"]  # (a key twice in one batch counts once)
+    hits[rows] = np.minimum(hits[rows], MAX_HITS - 1) + 1
     lease = t.col["lease"]
     lease[rows] = np.maximum(lease[rows], now + ttl)
     if pin > 0:
@@ -71,6 +74,7 @@ def _lookup_few(state: MasterState, res: RowBatch, now: float, ttl: float, pin: 
             (extra[0].node_id, extra[0].segment)]  # fmt: skip
         seg.counters.hits += 1
         seg.counters.bytes_out += t.size_v[i]
+        t.hits_v[i] = min(t.hits_v[i] + 1, MAX_HITS)
         t.lease_v[i] = max(t.lease_v[i], now + ttl)
         if pin > 0:
             t.pin_v[i] = max(t.pin_v[i], now + pin)

@@ -230,6 +230,7 @@ class MasterState:
         col["started"][ids] = now
         col["checksum"][ids] = 0 if checksums is None else np.array(checksums, np.uint64)
         col["slow"][ids] = 0
+        col["hits"][ids] = 0
         col["writer"][ids] = writer
         col["group"][ids] = -1
         col["lru"][ids] = -1
@@ -252,6 +253,7 @@ class MasterState:
         t.state_v[i], t.size_v[i], t.seg_v[i], t.offset_v[i] = int(state), size, slot, offset
         t.lease_v[i] = t.pin_v[i] = 0.0
         t.started_v[i], t.checksum_v[i], t.slow_v[i], t.writer_v[i] = now, checksum, 0, writer
+        t.hits_v[i] = 0
         t.group_v[i] = t.lru_v[i] = t.reader_v[i] = -1
         self.groups.add_one(i, key, group)
         if state is ObjectState.WRITING:

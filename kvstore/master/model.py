@@ -184,6 +184,11 @@ class ObjectMeta:
         self._t.slow_v[self.id] = min(n, 0xFFFF)
 
     @property
+    def hits(self) -> int:
+        """Lookup hits since the object was written (or restored); saturates at 2^31 - 1."""
+        return self._t.hits_v[self.id]
+
+    @property
     def moving(self) -> int:
         """Id of the tier move in flight for this object; 0 = none."""
         return self._t.moving.get(self.id, 0)

@@ -33,11 +33,12 @@ _I64 = np.int64
 BLOCKS: tuple[tuple[type, tuple[str, ...]], ...] = (
     (np.int64, ("size", "offset", "lru", "checksum")),
     (np.float64, ("lease", "pin", "started")),
-    (np.int32, ("state", "seg", "group", "writer", "reader", "slow")),
+    (np.int32, ("state", "seg", "group", "writer", "reader", "slow", "hits")),
 )
 _AS = {"checksum": np.uint64}  # columns stored in another dtype's block, viewed as theirs
 COLUMNS = [name for _, names in BLOCKS for name in names]
 NO_READER, SHARED_READER = -1, -2  # `reader` column: none recorded; several (or anonymous)
+MAX_HITS = (1 << 31) - 1  # `hits` (lookup hits since the object was born) saturates here
 # The master's metadata memory per object beyond its key's bytes: its row (80 B), its
 # key-index entry (24 B) and hash slot (~8 B at the index's load), its group's share and
 # allocator state; bench/master.py measures ~148 B of RSS per object with 40-byte keys.

@@ -91,6 +91,12 @@ def test_ls_pages_and_inspect(pool: Pool) -> None:
     doc = pool.json("inspect", "ls/3")
     assert (doc["size"], doc["state"], len(doc["replicas"])) == (1003, "COMPLETE", 1)  # type: ignore[index]
     assert doc["writer"].startswith("client-") and doc["group_members"] == 1  # type: ignore[index]
+    assert doc["hits"] == 0  # type: ignore[index]
+    with Client(pool.master, timeout_s=10, location_cache_entries=0) as c:  # each get a lookup
+        for _ in range(3):
+            c.get("ls/3")
+        c.batch_get([f"ls/{i}" for i in range(5)] * 4)  # a batch: >16 keys, the numpy path
+    assert pool.json("inspect", "ls/3")["hits"] == 4  # type: ignore[index]
     code, out, err = pool.cli("inspect", "ls/nope")
     assert code == 3 and out == "" and err.strip() == "kvstore inspect: unknown key 'ls/nope'"
 
