@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvstore.errors import BadRequestError, PermissionDeniedError
 
@@ -55,10 +56,15 @@ SECRET_BYTES = 32
 MAX_TTL_S = 24 * 3600.0  # no capability is issued for longer than this
 
 
-def _tag(secret: bytes, body: bytes, segment: bytes, node_id: bytes) -> bytes:
-    return hashlib.blake2b(
-        body + segment + b"\0" + node_id, key=secret, digest_size=TAG_BYTES
-    ).digest()
+def _keyed(secret: bytes) -> Any:
+    """blake2b keyed with `secret`: copy() it per tag (keying costs a compression)."""
+    return hashlib.blake2b(key=secret, digest_size=TAG_BYTES)
+
+
+def _tag(keyed: Any, body: bytes, segment: bytes, suffix: bytes) -> bytes:
+    h = keyed.copy()
+    h.update(body + segment + suffix)  # suffix: NUL + node id
+    return h.digest()  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,7 @@ class Issuer:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._t0 = clock()
-        self._keys: dict[str, tuple[NodeKey, bytes]] = {}  # node id -> key, id as bytes
+        self._keys: dict[str, tuple[NodeKey, Any, bytes]] = {}  # id -> key, MAC, suffix
         self._next_id = int.from_bytes(os.urandom(4), "little")
         self._lock = threading.Lock()
 
@@ -114,7 +120,7 @@ class Issuer:
         with self._lock:
             self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             key = NodeKey(os.urandom(SECRET_BYTES), self._next_id, self.now_ms())
-            self._keys[node_id] = (key, node_id.encode())
+            self._keys[node_id] = (key, _keyed(key.secret), b"\0" + node_id.encode())
         return key
 
     def forget(self, node_id: str) -> None:
@@ -134,10 +140,10 @@ class Issuer:
         entry = self._keys.get(node_id)
         if entry is None or ttl_s <= 0:
             return b""
-        key, nid = entry
+        key, keyed, suffix = entry
         expiry = self.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
         body = _BODY.pack(mode, key.key_id, expiry, offset, length)
-        return body + _tag(key.secret, body, segment.encode(), nid)
+        return body + _tag(keyed, body, segment.encode(), suffix)
 
 
 class Keyring:
@@ -145,9 +151,10 @@ class Keyring:
 
     def __init__(self, node_id: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
-        self._nid = node_id.encode()
+        self._suffix = b"\0" + node_id.encode()
         self._clock = clock
         self._key: NodeKey | None = None
+        self._keyed: Any = None
         self._anchor = (0, 0.0)  # (master clock ms, our monotonic time when we asked)
         self.refused = 0  # requests refused (metrics, tests)
 
@@ -158,6 +165,7 @@ class Keyring:
     def install(self, secret: bytes, key_id: int, clock_ms: int, sent_at: float) -> None:
         """The key of a RegisterNode reply; `sent_at`: our clock just before sending it."""
         self._key = NodeKey(secret, key_id, clock_ms)
+        self._keyed = _keyed(secret)
         self._anchor = (clock_ms, sent_at)
 
     def anchor(self, clock_ms: int, sent_at: float) -> None:
@@ -183,26 +191,32 @@ class Keyring:
             raise
 
     def _check(self, segment: str, offset: int, length: int, mode: int, data: bytes) -> None:
-        key = self._key
-        what = f"{_MODES.get(mode, mode)} [{offset}, +{length}) of {segment!r}"
+        key, keyed = self._key, self._keyed
         if key is None:
-            raise PermissionDeniedError(f"{what}: node {self.node_id!r} has no key yet")
-        if not data:
-            raise PermissionDeniedError(f"{what}: no capability")
-        cap = Capability.decode(data)
-        body = bytes(data[: _BODY.size])
-        if not hmac.compare_digest(cap.tag, _tag(key.secret, body, segment.encode(), self._nid)):
-            raise PermissionDeniedError(f"{what}: capability does not verify on this node")
-        if cap.key_id != key.key_id:
-            raise PermissionDeniedError(f"{what}: capability of an earlier key")
-        if cap.mode != mode:
-            raise PermissionDeniedError(f"{what}: capability grants {_MODES.get(cap.mode)}")
-        if offset < cap.offset or offset + length > cap.offset + cap.length:
-            raise PermissionDeniedError(
-                f"{what}: capability covers [{cap.offset}, +{cap.length}) only"
-            )
-        if cap.expiry_ms <= self.master_now_ms():
-            raise PermissionDeniedError(f"{what}: capability expired")
+            raise self._deny(segment, offset, length, mode, f"node {self.node_id!r} has no key yet")
+        if len(data) != SIZE:
+            why = f"capability of {len(data)} bytes, want {SIZE}" if data else "no capability"
+            raise self._deny(segment, offset, length, mode, why)
+        body = data[: _BODY.size]
+        if not hmac.compare_digest(data[_BODY.size :], _tag(keyed, body, segment.encode(),
+                                                           self._suffix)):  # fmt: skip
+            raise self._deny(segment, offset, length, mode, "capability does not verify here")
+        cap_mode, key_id, expiry, cap_offset, cap_length = _BODY.unpack(body)
+        if key_id != key.key_id:
+            raise self._deny(segment, offset, length, mode, "capability of an earlier key")
+        if cap_mode != mode:
+            why = f"capability grants {_MODES.get(cap_mode, cap_mode)}"
+            raise self._deny(segment, offset, length, mode, why)
+        if offset < cap_offset or offset + length > cap_offset + cap_length:
+            why = f"capability covers [{cap_offset}, +{cap_length}) only"
+            raise self._deny(segment, offset, length, mode, why)
+        if expiry <= self.master_now_ms():
+            raise self._deny(segment, offset, length, mode, "capability expired")
+
+    @staticmethod
+    def _deny(segment: str, offset: int, length: int, mode: int, why: str) -> PermissionDeniedError:
+        what = f"{_MODES.get(mode, mode)} [{offset}, +{length}) of {segment!r}"
+        return PermissionDeniedError(f"{what}: {why}")
 
     def check_segment(self, segment: str, data: bytes) -> None:
         """PermissionDeniedError unless `data` is a live capability for some range of
