@@ -9,11 +9,13 @@ runs it after the limits, before the servicer).
       GrantExtent CommitExtent                credential, so only it commits or revokes
     BatchLookup MatchPrefix ListObjects     anyone; client_id, when given, is its id
       Inspect ReportCorrupt ReportUnreachable
-    Remove                                  anyone (its tenant's keys); force: admin
+    Remove                                  the object's writer, or admin; force: admin
     Evict Pin Unpin Cordon, and any RPC     admin
       this table does not name
     Stats                                   anyone authenticated
 
+A client removes only objects it wrote itself (their writer is its id; an object the
+master restored from its journal has no recorded writer, and then its tenant decides).
 Tenant scope (a client credential): keys and groups it writes or removes must carry its
 tenant's prefix (else PERMISSION_DENIED, whatever exists); a key of another tenant that
 it reads, matches, lists, inspects or reports is answered exactly as a miss.
@@ -142,6 +144,15 @@ def _remove(call: Call) -> None:
         raise call.deny("force a remove")
     _reader(call)
     _own_keys(call, call.request.keys)
+    if call.free or call.ident.admin:
+        return
+    objects = call.state.objects
+    for key in call.keys if call.keys is not None else call.request.keys:
+        i = objects.index.find(key)
+        if i >= 0:
+            writer = objects.writer_names[objects.writer_v[i]]
+            if writer and writer != call.ident.id:
+                raise call.deny(f"remove {key!r}, written by another client")
 
 
 def _lookup(call: Call) -> Post | None:

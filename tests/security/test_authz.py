@@ -112,6 +112,16 @@ def test_only_the_writer_commits_or_revokes(guard, as_) -> None:  # type: ignore
     )
 
 
+def test_only_the_writer_or_admin_removes(guard, as_) -> None:  # type: ignore[no-untyped-def]
+    as_(Identity("client", "alice-2", "alice"))  # same tenant, another writer
+    refused(guard, "Remove", master_pb2.RemoveRequest(keys=["alice/k"]))
+    refused(guard, "Remove", master_pb2.RemoveRequest(keys=["alice/gone", "alice/k"]))
+    assert guard.admit("Remove", master_pb2.RemoveRequest(keys=["alice/gone"])) is None
+    for who in (ALICE, ADMIN):
+        as_(who)
+        assert guard.admit("Remove", master_pb2.RemoveRequest(keys=["alice/k"])) is None
+
+
 def test_writes_stay_in_the_tenant(guard, as_) -> None:  # type: ignore[no-untyped-def]
     as_(BOB)
     for key, group in (("alice/x", ""), ("bob/x", "alice/g"), ("x", "")):
