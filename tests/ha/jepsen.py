@@ -171,7 +171,7 @@ def nemesis(pool: Pool, rng: random.Random, until: float, schedule: list[str]) -
         fault = schedule[k % len(schedule)] if schedule else rng.choice(FAULTS)
         k += 1
         t0 = time.monotonic()
-        entry: dict[str, Any] = {"fault": fault, "host": host, "epoch": epoch}
+        entry: dict[str, Any] = {"fault": fault, "host": host, "epoch": epoch, "at": t0}
         proc = pool.masters[host]
         if fault == "partition":
             pool.net.partition(host)

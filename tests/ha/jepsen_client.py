@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 READY = b"jepsen client ready"
-WEIGHTS = (("put", 4), ("get", 5), ("remove", 2))
+WEIGHTS = (("put", 4), ("get", 4), ("remove", 3))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     masters = tuple(args.master.split(","))
     cfg = ClientConfig(master=masters[0], masters=masters, timeout_s=args.timeout_s,
-                       failover_timeout_s=args.failover_s)  # fmt: skip
+                       failover_timeout_s=args.failover_s, lease_ttl_s=args.lease_s)  # fmt: skip
     rec = Recorder(args.process, Path(args.out))
     fs = [f for f, w in WEIGHTS for _ in range(w)]
     with Client(cfg) as c:
@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--pause-s", type=float, default=0.1, help="mean pause between ops")
     p.add_argument("--timeout-s", type=float, default=2.0)
+    p.add_argument(
+        "--lease-s", type=float, default=0.3, help="read lease (a held key refuses removes)"
+    )
     p.add_argument("--failover-s", type=float, default=8.0)
     return run(p.parse_args(argv))
 
