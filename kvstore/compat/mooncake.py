@@ -23,6 +23,7 @@ from kvstore.compat.mooncake_config import ObjectDataType, ReplicateConfig, Soft
 from kvstore.compat.mooncake_core import transport_for, view_at
 from kvstore.compat.mooncake_multi import MultiBufferApi
 from kvstore.compat.mooncake_pool import BufferLease, BufferPool
+from kvstore.compat.mooncake_tensor import HEADER_BYTES
 from kvstore.compat.mooncake_tensor_api import TensorApi
 from kvstore.compat.mooncake_types import (
     BufferHandle,
@@ -38,7 +39,8 @@ __all__ = [
     "BufferHandle", "BufferLease", "BufferPool", "DiskDescriptor", "ErrorCode",
     "MemoryDescriptor", "MooncakeDistributedStore", "ObjectDataType", "ReplicaDescriptor",
     "ReplicaStatus", "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType",
-    "get_alloc_func_addr", "get_free_func_addr", "transport_for", "view_at",
+    "_tensor_metadata_size", "get_alloc_func_addr", "get_free_func_addr", "transport_for",
+    "view_at",
 ]  # fmt: skip
 NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
 
@@ -55,6 +57,12 @@ def get_alloc_func_addr() -> int:
 def get_free_func_addr() -> int:
     """Address of the C `void free(void *)` matching `get_alloc_func_addr`."""
     return _libc_address("free")
+
+
+def _tensor_metadata_size() -> int:
+    """Bytes before a stored tensor's data (Mooncake's helper of the same name, used by
+    its structured object store to size `get_tensor_into` destinations)."""
+    return HEADER_BYTES
 
 
 class _Absent:

@@ -211,6 +211,57 @@ def test_tensor_api(store: MooncakeDistributedStore) -> None:
     assert store.pub_tensor("p", t, ReplicateConfig(replica_num=1)) == 0
 
 
+def test_tensor_header_is_fixed_as_mooncake_reports(store: MooncakeDistributedStore) -> None:
+    """`_tensor_metadata_size()` is the bytes before every stored tensor's data, whatever
+    its rank: a destination of exactly that + nbytes takes `get_tensor_into`."""
+    from kvstore.compat.mooncake import _tensor_metadata_size
+
+    head = _tensor_metadata_size()
+    for i, t in enumerate([torch.arange(12, dtype=torch.int64).reshape(3, 4),
+                           torch.ones(2, 1, 3, 1), torch.tensor(7.0)]):  # fmt: skip
+        assert store.put_tensor(f"h{i}", t) == 0
+        assert store.get_size(f"h{i}") == head + t.nbytes
+        dst = torch.zeros(head + t.nbytes, dtype=torch.uint8)
+        got = store.get_tensor_into(f"h{i}", dst.data_ptr(), dst.numel())
+        assert torch.equal(got, t)
+        assert store.get_tensor_into(f"h{i}", dst.data_ptr(), dst.numel() - 1) is None
+
+
+def test_structured_object_store_from_the_shim(store: MooncakeDistributedStore) -> None:
+    """Mooncake's pure-Python `mooncake.structured_object_store` (vendored in the shim)
+    stores and materializes a structured object through the facade."""
+    code = """
+import sys, torch
+import mooncake.store as ms
+from mooncake.structured_object_store import (
+    MooncakeBundleTransfer, StructuredObjectPayload, tensor_object_buffer)
+import ctypes
+assert ms.MooncakeDistributedStore.__module__ == "kvstore.compat.mooncake"
+s = ms.MooncakeDistributedStore()
+assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", sys.argv[1]) == 0
+t = StructuredObjectPayload(metadata={"step": 3},
+                            buffers={"x": torch.arange(12, dtype=torch.int64).reshape(3, 4),
+                                     "y": torch.ones(5)})
+x = MooncakeBundleTransfer(s, key_prefix="sos-test")
+ref = x.put_structured_object(t)
+got = x.materialize(x.read_spec(ref))
+assert got.metadata["step"] == 3, got.metadata
+assert torch.equal(got.objects["x"], t.buffers["x"])
+assert torch.equal(got.objects["y"], torch.ones(5))
+n = int(ref.manifest["buffers"]["x"]["bytes"])
+dst = ctypes.create_string_buffer(n)
+into = x.materialize_into(x.read_spec(ref), {"x": tensor_object_buffer(
+    ctypes.addressof(dst), n, dst, batch_size=3)})
+assert torch.equal(into.objects["x"], t.buffers["x"])
+print("ok", s.remove_all(True) > 0, s.close())
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))
+    address = store._master  # the pool this test's store is on
+    out = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.stdout.split() == ["ok", "True", "0"], out.stderr[-3000:]
+
+
 def test_replica_descriptors_and_removal(store: MooncakeDistributedStore) -> None:
     assert store.put("d", b"desc") == 0
     (desc,) = store.get_replica_desc("d")
@@ -265,6 +316,8 @@ UPSTREAM = os.environ.get("MOONCAKE_TESTS_DIR", "")
 UPSTREAM_SUITES = [
     "test_distributed_object_store.py",
     "test_replicated_distributed_object_store.py",
+    "test_put_get_tensor.py",  # imports mooncake.structured_object_store (the shim's)
+    "test_structured_object_store.py",
 ]
 
 
