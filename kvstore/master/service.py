@@ -123,20 +123,14 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         cols = prepared[1] if prepared and prepared[0] is request else put_columns(request.items)
         res = self.state.put_start_columns(request.client_id, request.client_node, cols)
         self.broker.wake()  # placement may have pushed a tier past its watermark
-        payload = wire.put_start_results(self.state.objects, res, self.locations)
-        reply = master_pb2.PutStartResponse.FromString(payload)
-        if self.caps is not None:
-            ttl = self.state.config.put_timeout_s  # then the master may reclaim the range
-            for r in reply.results:
-                self._grant(r.locations, capabilities.WRITE, ttl)
-        return reply
+        # Secured: WRITE capabilities until the put times out (the range may be reclaimed)
+        mint = self._mint(capabilities.WRITE, self.state.config.put_timeout_s)
+        payload = wire.put_start_results(self.state.objects, res, self.locations, mint)
+        return master_pb2.PutStartResponse.FromString(payload)
 
-    def _grant(self, locations: Sequence[common_pb2.Location], mode: int, ttl_s: float) -> None:
-        """Put on each location the capability for exactly its range and `mode`."""
-        assert self.caps is not None
-        grant = self.caps.grant
-        for loc in locations:
-            loc.capability = grant(loc.node_id, loc.segment, loc.offset, loc.length, mode, ttl_s)
+    def _mint(self, mode: int, ttl_s: float) -> wire.Mint | None:
+        """Capabilities for one reply's locations (secured mode only)."""
+        return self.caps.minter(mode, ttl_s) if self.caps is not None else None
 
     @translate
     async def PutEnd(
@@ -175,17 +169,14 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             found, ttl = self.state.lookup_rows(
                 keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000, request.client_id
             )  # the table records who holds each lease (ReaderBook reads it)
-        parts = [wire.lookup_results(self.state.objects, found, self.locations)]
+        mint = self._mint(capabilities.READ, ttl)  # for the lease; a pure query gets none
+        parts = [wire.lookup_results(self.state.objects, found, self.locations, mint)]
         self.broker.wake()  # hits may have queued promotions
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
         )
         # Concatenated encodings of the fields form one message: parsing is C (upb) and lazy.
-        reply = master_pb2.BatchLookupResponse.FromString(b"".join(parts))
-        if self.caps is not None and ttl > 0:  # READ for the lease; a pure query gets none
-            for r in reply.results:
-                self._grant(r.replicas, capabilities.READ, ttl)
-        return reply
+        return master_pb2.BatchLookupResponse.FromString(b"".join(parts))
 
     @translate
     async def MatchPrefix(
@@ -226,7 +217,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         seg = self.state.registry.segment(ext.node_id, ext.segment)
         loc = to_pb_location(Location(ext.node_id, seg.tier, ext.segment, ext.start, ext.size))
         if self.caps is not None:
-            self._grant([loc], capabilities.WRITE, self.state.config.extent_ttl_s)
+            self.caps.stamp([loc], capabilities.WRITE, self.state.config.extent_ttl_s)
         self.broker.wake()  # the grant may have pushed a tier past its watermark
         return master_pb2.GrantExtentResponse(
             extent_id=ext.extent_id, location=loc, alignment=seg.alignment,

@@ -12,6 +12,9 @@ table's rows with numpy (`RowWriter`: each reply row is a sequence of pieces,
 varints computed for all rows at once, then scattered into one buffer), so
 nothing is cached per object: rows with errors or several replicas are encoded
 one by one and dropped into their place.
+
+In secured mode the servicer passes a `Mint` (kvstore.security.capabilities.Minter):
+each Location then also carries its capability (field 6), appended as upb would.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ if TYPE_CHECKING:
     from kvstore.master.objects import ObjectTable
 
 OK_STATUS = b"\x0a\x00"  # field 1 (status), an empty KeyStatus: code OK
+# (node id, segment, offset, length) -> that range's capability, b"" for none
+Mint = Callable[[str, str, int, int], bytes]
+_CAP_TAG = b"\x32"  # common.Location field 6 (capability), length-delimited
 _SMALL = [bytes([n]) for n in range(0x80)]
 
 
@@ -86,6 +92,14 @@ class LocationEncoder:
 
 
 _LENGTHS: dict[int, bytes] = {}
+
+
+def with_capability(encoded: bytes, loc: Location, mint: Mint | None) -> bytes:
+    """An encoded Location with its capability appended (as is, without `mint`)."""
+    if mint is None:
+        return encoded
+    cap = mint(loc.node_id, loc.segment, loc.offset, loc.length)
+    return encoded + field(_CAP_TAG, cap) if cap else encoded
 
 
 def lookup_result(size: int, group: str, locations: Sequence[bytes]) -> bytes:
@@ -215,12 +229,15 @@ class RowWriter:
 
 
 def _locations(
-    w: RowWriter, table: ObjectTable, rows: np.ndarray, ok: np.ndarray, tag: bytes
-) -> None:
-    """The single-replica `Location` of each ok row as a length-delimited field `tag`."""
+    w: RowWriter, table: ObjectTable, rows: np.ndarray, ok: np.ndarray, tag: bytes,
+    mint: Mint | None = None,
+) -> None:  # fmt: skip
+    """The single-replica `Location` of each ok row as a length-delimited field `tag`
+    (with its capability from `mint`, when given)."""
     slots = table.col["seg"][rows]
     offs = table.col["offset"][rows]
     sizes = table.col["size"][rows]
+    caps = _capabilities(table, slots, offs, sizes, ok, mint) if mint is not None else None
     uniq = np.unique(slots[ok])
     pre = [_segment_prefix(table, int(s)) for s in uniq.tolist()]
     plen = np.array([len(p) for p in pre] or [0], _I64)
@@ -231,6 +248,8 @@ def _locations(
     off_mat, off_len = varints(offs)
     size_mat, size_len = varints(sizes)
     loc_len = plen[at] + np.where(has_off, 1 + off_len, 0) + 1 + size_len
+    if caps is not None:
+        loc_len = loc_len + caps[2]
     w.const(tag, ok)
     w.varint(loc_len, ok)
     w.gather(np.frombuffer(b"".join(pre) or b"\0", np.uint8), pstart[at], np.where(ok, plen[at], 0))
@@ -238,6 +257,27 @@ def _locations(
     w._matrix(off_mat, np.where(has_off, off_len, 0))
     w.const(b"\x28", ok)
     w._matrix(size_mat, np.where(ok, size_len, 0))
+    if caps is not None:
+        w.gather(*caps)
+
+
+def _capabilities(
+    table: ObjectTable, slots: np.ndarray, offs: np.ndarray, sizes: np.ndarray, ok: np.ndarray,
+    mint: Mint,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """(bytes, start per row, length per row) of each ok row's capability field."""
+    idx = np.nonzero(ok)[0]
+    segs = table.segments
+    parts = []
+    for slot, off, size in zip(slots[idx].tolist(), offs[idx].tolist(), sizes[idx].tolist(),
+                               strict=True):  # fmt: skip
+        seg = segs[slot]
+        cap = mint(seg.node_id, seg.name, off, size)
+        parts.append(field(_CAP_TAG, cap) if cap else b"")
+    lens = np.zeros(len(slots), _I64)
+    lens[idx] = [len(p) for p in parts]
+    starts = np.cumsum(lens) - lens
+    return np.frombuffer(b"".join(parts) or b"\0", np.uint8), starts, lens
 
 
 def _segment_prefix(table: ObjectTable, slot: int) -> bytes:
@@ -265,13 +305,16 @@ def _wrap(inner: RowWriter, ok: np.ndarray, blobs: dict[int, bytes]) -> bytes:
     return outer.tobytes()
 
 
-def lookup_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> bytes:
-    """`repeated LookupResult results = 1` of a BatchLookupResponse for `res`."""
+def lookup_results(
+    table: ObjectTable, res: RowBatch, enc: LocationEncoder, mint: Mint | None = None
+) -> bytes:
+    """`repeated LookupResult results = 1` of a BatchLookupResponse for `res` (each
+    replica with its capability from `mint`, when given)."""
     n = len(res.ids)
     if n <= SMALL_BATCH:  # a few keys: one by one (numpy's fixed cost would dominate)
         return b"".join(
             field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
-            if i < 0 else field(b"\x0a", _lookup_one(table, i, enc))
+            if i < 0 else field(b"\x0a", _lookup_one(table, i, enc, mint))
             for j, i in enumerate(res.ids.tolist())
         )  # fmt: skip
     rows, ok = _simple(table, res)
@@ -280,11 +323,11 @@ def lookup_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> b
         if j in res.errors:
             blobs[j] = field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
         elif not ok[j]:
-            blobs[j] = field(b"\x0a", _lookup_one(table, i, enc))
+            blobs[j] = field(b"\x0a", _lookup_one(table, i, enc, mint))
     w = RowWriter(n)
     w.const(OK_STATUS + b"\x10", ok)
     w.varint(table.col["size"][rows], ok)
-    _locations(w, table, rows, ok, b"\x1a")
+    _locations(w, table, rows, ok, b"\x1a", mint)
     groups = table.col["group"][rows]
     own = ok & (groups < 0)
     named = ok & (groups >= 0)
@@ -304,20 +347,23 @@ def lookup_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> b
     return _wrap(w, ok, blobs)
 
 
-def _lookup_one(table: ObjectTable, i: int, enc: LocationEncoder) -> bytes:
+def _lookup_one(table: ObjectTable, i: int, enc: LocationEncoder, mint: Mint | None) -> bytes:
     g = table.group_v[i]
     group = table.index.key_of(i) if g < 0 else table.group_name(g)
-    locs = [enc.encode(loc) for loc in table.replicas(i)]
+    locs = [with_capability(enc.encode(loc), loc, mint) for loc in table.replicas(i)]
     out = lookup_result(table.size_v[i], group, locs)
     checksum = table.checksum_v[i]
     return out + (b"\x28" + varint(checksum) if checksum else b"")
 
 
-def put_start_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -> bytes:
-    """`repeated PutStartResult results = 1` of a PutStartResponse for `res`."""
+def put_start_results(
+    table: ObjectTable, res: RowBatch, enc: LocationEncoder, mint: Mint | None = None
+) -> bytes:
+    """`repeated PutStartResult results = 1` of a PutStartResponse for `res` (each
+    location with its capability from `mint`, when given)."""
     if len(res.ids) <= SMALL_BATCH:  # a few keys: one by one
         return b"".join(
-            _put_start_one(table, res, j, i, enc) for j, i in enumerate(res.ids.tolist())
+            _put_start_one(table, res, j, i, enc, mint) for j, i in enumerate(res.ids.tolist())
         )
     rows, ok = _simple(table, res)
     blobs: dict[int, bytes] = {}
@@ -325,18 +371,18 @@ def put_start_results(table: ObjectTable, res: RowBatch, enc: LocationEncoder) -
         if j in res.errors:
             blobs[j] = field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
         elif not ok[j]:
-            locs = [enc.encode(loc) for loc in table.replicas(i)]
+            locs = [with_capability(enc.encode(loc), loc, mint) for loc in table.replicas(i)]
             blobs[j] = field(b"\x0a", OK_STATUS + b"".join([field(b"\x12", x) for x in locs]))
     w = RowWriter(len(res.ids))
     w.const(OK_STATUS, ok)
-    _locations(w, table, rows, ok, b"\x12")
+    _locations(w, table, rows, ok, b"\x12", mint)
     return _wrap(w, ok, blobs)
 
 
 def _put_start_one(
-    table: ObjectTable, res: RowBatch, j: int, i: int, enc: LocationEncoder
+    table: ObjectTable, res: RowBatch, j: int, i: int, enc: LocationEncoder, mint: Mint | None
 ) -> bytes:
     if i < 0:
         return field(b"\x0a", field(b"\x0a", status_bytes(res.errors[j])))
-    locs = [enc.encode(loc) for loc in table.replicas(i)]
+    locs = [with_capability(enc.encode(loc), loc, mint) for loc in table.replicas(i)]
     return field(b"\x0a", OK_STATUS + b"".join([field(b"\x12", x) for x in locs]))

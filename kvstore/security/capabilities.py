@@ -41,7 +41,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +145,58 @@ class Issuer:
         body = _BODY.pack(mode, key.key_id, expiry, offset, length)
         return body + _tag(keyed, body, segment.encode(), suffix)
 
+    def minter(self, mode: int, ttl_s: float) -> Minter | None:
+        """Grants of `mode` for one reply, all with one expiry (None: `ttl_s` <= 0)."""
+        return Minter(self, mode, ttl_s) if ttl_s > 0 else None
+
+    def stamp(self, locations: Iterable[Any], mode: int, ttl_s: float) -> None:
+        """Set `capability` on each location (anything with node_id, segment, offset and
+        length: common_pb2.Location), as `grant` would, one expiry for all of them."""
+        if ttl_s <= 0:
+            return
+        expiry = self.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
+        keys, pack = self._keys, _BODY.pack
+        cache: dict[tuple[str, str], tuple[int, Any, bytes] | None] = {}
+        for loc in locations:
+            where = (loc.node_id, loc.segment)
+            entry = cache.get(where, False)
+            if entry is False:
+                key = keys.get(where[0])
+                entry = None if key is None else (key[0].key_id, key[1], where[1].encode() + key[2])
+                cache[where] = entry
+            if entry is None:
+                continue  # a node without a key (see `grant`)
+            body = pack(mode, entry[0], expiry, loc.offset, loc.length)
+            h = entry[1].copy()
+            h.update(body + entry[2])
+            loc.capability = body + h.digest()
+
+
+class Minter:
+    """`grant` for the locations of one reply: one mode, one expiry, the per-(node,
+    segment) part of the MAC input worked out once. Called by the master's reply
+    encoders (kvstore.master.wire) per location; b"" for a node without a key."""
+
+    def __init__(self, issuer: Issuer, mode: int, ttl_s: float) -> None:
+        self._keys = issuer._keys
+        self._mode = mode
+        self._expiry = issuer.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
+        self._cache: dict[tuple[str, str], tuple[int, Any, bytes] | None] = {}
+
+    def __call__(self, node_id: str, segment: str, offset: int, length: int) -> bytes:
+        where = (node_id, segment)
+        entry = self._cache.get(where, False)
+        if entry is False:
+            key = self._keys.get(node_id)
+            entry = None if key is None else (key[0].key_id, key[1], segment.encode() + key[2])
+            self._cache[where] = entry
+        if entry is None:
+            return b""
+        body = _BODY.pack(self._mode, entry[0], self._expiry, offset, length)
+        h = entry[1].copy()
+        h.update(body + entry[2])
+        return body + h.digest()
+
 
 class Keyring:
     """The node's side: its current key and its estimate of the master's clock."""
@@ -232,4 +284,4 @@ class Keyring:
         self.check(segment, cap.offset, cap.length, cap.mode, data)
 
 
-__all__ = ["READ", "SIZE", "WRITE", "Capability", "Issuer", "Keyring", "NodeKey"]
+__all__ = ["READ", "SIZE", "WRITE", "Capability", "Issuer", "Keyring", "Minter", "NodeKey"]

@@ -338,3 +338,21 @@ def test_tls_data_plane_and_a_wrong_ca_client_is_refused(pki: Pki, tmp_path: Pat
                 got += chunk
             assert data[:16] not in got and not got.startswith(wire.pack_response(0, 1, 16))
         assert tls_read(server, pki.tls("alice-1")) == data  # still serving
+
+
+def test_stamping_a_batch_grants_each_location_its_own_range(
+    pair: tuple[Issuer, Keyring],
+) -> None:
+    """The master's batch path (`Issuer.stamp`, as its replies use it) on real Locations."""
+    from kvstore.v1 import common_pb2
+
+    issuer, ring = pair
+    locs = [common_pb2.Location(node_id="n1", segment="seg", offset=i * 4096, length=4096)
+            for i in range(3)]  # fmt: skip
+    locs.append(common_pb2.Location(node_id="ghost", segment="seg", offset=0, length=1))
+    issuer.stamp(locs, WRITE, ttl_s=5)
+    for i, loc in enumerate(locs[:3]):
+        ring.check("seg", i * 4096, 4096, WRITE, loc.capability)
+        with pytest.raises(PermissionDeniedError):
+            ring.check("seg", (i + 1) % 3 * 4096, 4096, WRITE, loc.capability)
+    assert locs[3].capability == b""  # a node the master gave no key

@@ -1,0 +1,121 @@
+"""The master's replies carry capabilities (issue 10, point 2): in secured mode every
+PutStart location and leased BatchLookup replica, encoded for a whole batch from the
+object table (kvstore.master.wire, numpy and key by key), carries a capability for
+exactly its range and mode, which its node verifies; the bytes are upb's for the same
+message; insecure mode carries none."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kvstore.edge import to_pb_location
+from kvstore.errors import PermissionDeniedError
+from kvstore.master import wire
+from kvstore.master.config import MasterConfig
+from kvstore.master.metadata import MasterState
+from kvstore.master.model import Endpoint
+from kvstore.master.service import MasterServicer
+from kvstore.security.capabilities import READ, WRITE, Issuer, Keyring
+from kvstore.types import Tier
+from kvstore.v1 import master_pb2
+
+NODES = ("a", "b", "ü")
+
+
+def servicer(secured: bool) -> tuple[MasterState, MasterServicer, dict[str, Keyring]]:
+    state = MasterState(MasterConfig())
+    svc = MasterServicer(state, "epoch")
+    svc.caps = Issuer() if secured else None
+    rings = {}
+    for node in NODES:
+        state.register_node(node, Endpoint())
+        state.mount_segment(node, f"{node}-seg", Tier.DRAM, 1 << 40)
+        if svc.caps is not None:
+            key = svc.caps.rotate(node)  # as RegisterNode does
+            rings[node] = Keyring(node)
+            rings[node].install(key.secret, key.key_id, key.clock_ms, time.monotonic())
+    state.mount_segment("a", "a-hbm", Tier.HBM, 1 << 20)
+    return state, svc, rings
+
+
+def run(svc: MasterServicer, items: list[master_pb2.PutStartItem]) -> tuple[
+    master_pb2.PutStartResponse, master_pb2.BatchLookupResponse, master_pb2.BatchLookupResponse
+]:  # fmt: skip
+    keys = [it.key for it in items]
+
+    async def body() -> tuple[
+        master_pb2.PutStartResponse, master_pb2.BatchLookupResponse,
+        master_pb2.BatchLookupResponse,
+    ]:  # fmt: skip
+        put = await svc.PutStart(master_pb2.PutStartRequest(client_id="c", items=items), None)
+        await svc.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=keys), None)
+        leased = master_pb2.BatchLookupRequest(keys=["nope", *keys], lease_ttl_ms=2000)
+        query = master_pb2.BatchLookupRequest(keys=keys, no_lease=True)
+        return put, await svc.BatchLookup(leased, None), await svc.BatchLookup(query, None)
+
+    return asyncio.run(body())
+
+
+ITEMS = [
+    master_pb2.PutStartItem(key="k1", size=100, replicas=2, group="g"),
+    master_pb2.PutStartItem(key="k2", size=(1 << 33) + 7),
+    master_pb2.PutStartItem(key="k3", size=1, tier=0),  # HBM
+    *(master_pb2.PutStartItem(key=f"r{i}", size=4096 * (i + 1)) for i in range(40)),
+]
+
+
+@pytest.mark.parametrize("small", [0, 10**6])
+def test_replies_carry_a_capability_per_location(
+    small: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", small)  # 0: numpy for every batch; big: key by key
+    monkeypatch.setattr(wire, "SMALL_BATCH", small)
+    state, svc, rings = servicer(secured=True)
+    put, leased, query = run(svc, ITEMS)
+    placed = 0
+    for it, r in zip(ITEMS, put.results, strict=True):
+        assert r.status.code == 0, r.status.message
+        want = master_pb2.PutStartResult(status=r.status)
+        for loc, replica in zip(r.locations, state.objects[it.key].replicas, strict=True):
+            ring = rings[loc.node_id]
+            ring.check(loc.segment, loc.offset, loc.length, WRITE, loc.capability)
+            with pytest.raises(PermissionDeniedError):  # not a READ, not a byte more
+                ring.check(loc.segment, loc.offset, loc.length, READ, loc.capability)
+            with pytest.raises(PermissionDeniedError):
+                ring.check(loc.segment, loc.offset, loc.length + 1, WRITE, loc.capability)
+            pb = to_pb_location(replica)
+            pb.capability = loc.capability
+            want.locations.append(pb)
+            placed += 1
+        assert r.SerializeToString() == want.SerializeToString()  # upb's bytes
+    assert placed == len(ITEMS) + 1  # k1 has two replicas
+    assert leased.results[0].status.code != 0
+    for it, r in zip(ITEMS, leased.results[1:], strict=True):
+        assert len(r.replicas) == len(state.objects[it.key].replicas)
+        for loc in r.replicas:
+            rings[loc.node_id].check(loc.segment, loc.offset, loc.length, READ, loc.capability)
+            with pytest.raises(PermissionDeniedError):
+                rings[loc.node_id].check(loc.segment, loc.offset, loc.length, WRITE,
+                                         loc.capability)  # fmt: skip
+            other = "b" if loc.node_id == "a" else "a"  # another node refuses it
+            with pytest.raises(PermissionDeniedError):
+                rings[other].check(loc.segment, loc.offset, loc.length, READ, loc.capability)
+    for r in query.results:  # a pure query (no lease) grants nothing
+        assert all(loc.capability == b"" for loc in r.replicas)
+
+
+@pytest.mark.parametrize("small", [0, 10**6])
+def test_insecure_replies_carry_none(small: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", small)
+    monkeypatch.setattr(wire, "SMALL_BATCH", small)
+    _, svc, _ = servicer(secured=False)
+    put, leased, _ = run(svc, ITEMS)
+    assert all(loc.capability == b"" for r in put.results for loc in r.locations)
+    assert all(loc.capability == b"" for r in leased.results for loc in r.replicas)
