@@ -14,7 +14,7 @@ from typing import Any
 from kvstore.buffers import byte_view
 from kvstore.client.buffers import new_bytes
 from kvstore.client.context import OpContext, call
-from kvstore.client.reads import lookup_op, read_op
+from kvstore.client.reads import lookup_op, read_cached_now, read_op
 from kvstore.client.steps import Op
 from kvstore.client.writes import PutOptions, put_op
 from kvstore.errors import (
@@ -107,6 +107,13 @@ class ClientOps:
             return views[i][:size]
 
         return (yield from read_op(self.ctx, self._keys(keys), target))
+
+    def get_into_now(self, key: str, out: object) -> int | None:
+        """`get_into` when it needs no step (reads.read_cached_now); else None."""
+        if not self.ctx.locations.capacity:
+            return None
+        view = byte_view(out, writable=True)
+        return read_cached_now(self.ctx, self.ctx.config.wire_key(check_key(key)), view)
 
     def get_into(self, key: str, out: object) -> Op[int]:
         res = (yield from self.batch_get_into([key], [out]))[0]

@@ -12,7 +12,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.datapath import Transfer
-from kvstore.errors import NotFoundError
+from kvstore.errors import NotFoundError, TooLargeError
 from kvstore.transfer.base import TransferOp
 from tests.cluster import REPO, Cluster, _read_line, child_env
 
@@ -70,6 +70,37 @@ def test_a_cached_location_overwritten_is_detected(pool: Cluster) -> None:
         with pytest.raises(NotFoundError):  # the cached read fails its check: looked up
             a.get("shared")
         assert a._ctx.locations.stale == 1 and a._ctx.locations.get("shared") is None
+
+
+def test_get_into_a_cached_location_is_a_copy_and_checked(pool: Cluster) -> None:
+    """get_into of a cached same-host location takes no step (reads.read_cached_now): no
+    master call; an overwritten one is detected the same way and looked up."""
+    out = bytearray(3000)
+    with Client(pool.address, timeout_s=5.0) as a, Client(pool.address) as b:
+        b.put("into", b"old" * 1000)
+        assert a.get_into("into", out) == 3000  # looked up, cached
+        calls: list[str] = []
+        route = a._route
+        a._route = lambda step: calls.append(step.method) or route(step)  # type: ignore[method-assign]
+        out[:] = bytes(3000)
+        assert a.get_into("into", out) == 3000 and out == b"old" * 1000
+        assert calls == [] and a._ctx.locations.hits == 1  # served from the cache, no step
+        small = bytearray(10)  # too small for the cached size: the normal path says why
+        with pytest.raises(TooLargeError):
+            a.get_into("into", small)
+        entry = a._ctx.locations.get("into")
+        assert entry is not None
+        assert b.remove("into", force=True)
+        loc = entry.replicas[0]
+        desc = a._ctx.directory.descriptor(loc)
+        junk = memoryview(b"new" * 1000)
+        assert a._ctx.data.run(TransferOp.WRITE, [Transfer(desc, loc.offset, junk)]).errors == [
+            None
+        ]  # fmt: skip
+        with pytest.raises(NotFoundError):  # the copy fails its check: looked up, gone
+            a.get_into("into", out)
+        assert a._ctx.locations.stale == 1 and a._ctx.locations.get("into") is None
+        assert "BatchLookup" in calls
 
 
 def test_writer_killed_before_its_commit_leaves_nothing(pool: Cluster) -> None:
