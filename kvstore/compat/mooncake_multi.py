@@ -2,10 +2,12 @@
 Mooncake connectors call): an object gathered from / scattered into several
 buffers, and byte ranges of objects read into registered buffers.
 
-kvstore moves one contiguous range per object, so a key whose buffers are not
-adjacent in memory is gathered into (or read through) one staging buffer: one extra
-host copy. Adjacent buffers are passed through as one view, zero-copy. Shape errors
-(list lengths, ranges) are per-key INVALID_PARAMS, never an exception.
+A key's buffers move straight between the pool and the caller's memory: adjacent
+buffers as one view (the client's own put/get), scattered ones as one transfer each,
+every key's in one batch (kvstore.compat.mooncake_sg). A scattered key whose transfer
+fails is done once more through the client's own path with one staging copy (its
+replica retries). Shape errors (list lengths, ranges) are per-key INVALID_PARAMS,
+never an exception.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore.compat.mooncake_codes import ErrorCode, code_of
-from kvstore.compat.mooncake_core import BAD, OK, StoreCore, per_key, view_at
-from kvstore.errors import BadRequestError
+from kvstore.client.writes import PutOptions
+from kvstore.compat.mooncake_codes import ErrorCode, code_of, put_code
+from kvstore.compat.mooncake_config import put_options
+from kvstore.compat.mooncake_core import BAD, OK, StoreCore, _distinct, per_key, view_at
+from kvstore.compat.mooncake_sg import get_parts_op, put_parts_op
+from kvstore.errors import BadRequestError, CorruptError, TransferError
+from kvstore.types import check_key
 
 NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+# a scattered put or get that failed these ways is done once more the client's own way
+_RETRIED = (TransferError, CorruptError)
 
 
 def _parts(ptrs: Sequence[int], sizes: Sequence[int]) -> list[memoryview]:
@@ -32,27 +40,35 @@ def _contiguous(ptrs: Sequence[int], sizes: Sequence[int]) -> bool:
     return all(ptrs[i] + sizes[i] == ptrs[i + 1] for i in range(len(ptrs) - 1))
 
 
-def gather(ptrs: Sequence[int], sizes: Sequence[int]) -> memoryview:
-    """One view of the concatenated buffers (zero-copy when they are adjacent)."""
-    views = _parts(ptrs, sizes)
-    if _contiguous(ptrs, sizes):
-        return view_at(ptrs[0], sum(sizes))
-    out = bytearray(sum(sizes))
+def _coalesced(ptrs: Sequence[int], sizes: Sequence[int]) -> list[memoryview]:
+    """One view per run of adjacent buffers (one view when all are adjacent)."""
+    _parts(ptrs, sizes)  # checks shapes and ranges
+    runs: list[list[int]] = []  # [start, size]
+    for p, s in zip(ptrs, sizes, strict=True):
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += s
+        else:
+            runs.append([p, s])
+    return [view_at(p, s) for p, s in runs]
+
+
+def _join(parts: Sequence[memoryview]) -> memoryview:
+    out = bytearray(sum(p.nbytes for p in parts))
     pos = 0
-    for v in views:
-        out[pos : pos + v.nbytes] = v
-        pos += v.nbytes
+    for p in parts:
+        out[pos : pos + p.nbytes] = p
+        pos += p.nbytes
     return memoryview(out)
 
 
-def scatter(data: memoryview, n: int, ptrs: Sequence[int], sizes: Sequence[int]) -> None:
-    """Copy the first `n` bytes of `data` across the buffers, in order."""
+def _scatter_views(data: memoryview, n: int, parts: Sequence[memoryview]) -> None:
+    """Copy the first `n` bytes of `data` across `parts`, in order."""
     pos = 0
-    for p, s in zip(ptrs, sizes, strict=True):
-        take = min(s, n - pos)
+    for p in parts:
+        take = min(p.nbytes, n - pos)
         if take <= 0:
             return
-        ctypes.memmove(p, _address(data, pos), take)
+        p[:take] = data[pos : pos + take]
         pos += take
 
 
@@ -66,26 +82,59 @@ def _address(view: memoryview, offset: int) -> int:
 class MultiBufferApi(StoreCore):
     """Objects made of several buffers, and ranged reads."""
 
+    # False: scattered buffers go through one staging copy (the path before zero-copy;
+    # bench/facade_multibuf.py compares the two in one run)
+    multi_zero_copy = True
+
     def batch_put_from_multi_buffers(
         self, keys: Sequence[str], all_buffer_ptrs: Sequence[Sequence[int]],
         all_sizes: Sequence[Sequence[int]], config: object = None,
     ) -> list[int]:  # fmt: skip
-        """Key i's object is the concatenation of its buffers; a code per key."""
+        """Key i's object is the concatenation of its buffers; a code per key. Adjacent
+        buffers move as one view; scattered ones each straight to the pool."""
         if not len(keys) == len(all_buffer_ptrs) == len(all_sizes):
             return [BAD] * len(keys)
-        views: list[Any] = []
         out = [OK] * len(keys)
+        parts: dict[int, list[memoryview]] = {}
         for i, (ptrs, sizes) in enumerate(zip(all_buffer_ptrs, all_sizes, strict=True)):
             try:
-                views.append(gather(ptrs, sizes))
+                parts[i] = _coalesced(ptrs, sizes)
             except BadRequestError:
-                views.append(None)
                 out[i] = BAD
-        good = [i for i, v in enumerate(views) if v is not None]
-        codes = self._batch([keys[i] for i in good], lambda: [views[i] for i in good], config,
-                            False)  # fmt: skip
-        for i, code in zip(good, codes, strict=True):
+        whole = [i for i, ps in parts.items() if len(ps) == 1]
+        codes = self._batch([keys[i] for i in whole], lambda: [parts[i][0] for i in whole],
+                            config, False)  # fmt: skip
+        for i, code in zip(whole, codes, strict=True):
             out[i] = code
+        scattered = [i for i, ps in parts.items() if len(ps) > 1]
+        if scattered:
+            sub_keys = [keys[i] for i in scattered]
+            res = self._call(lambda c: self._put_scattered(c, sub_keys,
+                             [parts[i] for i in scattered], config), put_code)  # fmt: skip
+            for i, code in zip(scattered, per_key(res, len(scattered)), strict=True):
+                out[i] = code
+        return out
+
+    def _put_scattered(self, c: Any, keys: Sequence[str], parts: Sequence[list[memoryview]],
+                       config: object) -> list[int]:  # fmt: skip
+        opts = put_options(config, len(keys))
+        out = [OK] * len(keys)
+        for kw in _distinct(opts):
+            idx = [i for i, o in enumerate(opts) if o == kw]
+            errs: list[Any] = [TransferError("staged")] * len(idx)
+            if self.multi_zero_copy:
+                wire = [c.config.wire_key(check_key(keys[i])) for i in idx]
+                op = put_parts_op(c.ops.ctx, wire, [parts[i] for i in idx], PutOptions(**kw))
+                errs = c.run(op)
+            again = [i for i, e in zip(idx, errs, strict=True) if isinstance(e, _RETRIED)]
+            for i, err in zip(idx, errs, strict=True):
+                out[i] = put_code(err)
+            if again:  # the client's own path: a staging copy, its retries and fencing
+                staged = [_join(parts[i]) for i in again]
+                for i, err in zip(again, c.batch_put_from([keys[i] for i in again], staged,
+                                                          **kw), strict=True):  # fmt: skip
+                    out[i] = put_code(err)
+        self._note_written(c, [k for k, code in zip(keys, out, strict=True) if code == OK])
         return out
 
     def batch_get_into_multi_buffers(
@@ -99,26 +148,34 @@ class MultiBufferApi(StoreCore):
 
         def run(c: Any) -> list[int]:
             out = [OK] * len(keys)
-            targets: list[Any] = []
+            parts: dict[int, list[memoryview]] = {}
             for i, (ptrs, sizes) in enumerate(zip(all_buffer_ptrs, all_sizes, strict=True)):
                 try:
-                    _parts(ptrs, sizes)
-                    direct = _contiguous(ptrs, sizes)
-                    targets.append(view_at(ptrs[0], sum(sizes)) if direct else None)
+                    parts[i] = _coalesced(ptrs, sizes)
                 except BadRequestError:
-                    targets.append(BAD)
                     out[i] = BAD
-            staged = {i: memoryview(bytearray(sum(all_sizes[i])))
-                      for i, t in enumerate(targets) if t is None}  # fmt: skip
-            idx = [i for i, t in enumerate(targets) if t != BAD]
-            views = [targets[i] if targets[i] is not None else staged[i] for i in idx]
-            for i, r in zip(idx, c.batch_get_into([keys[k] for k in idx], views), strict=True):
-                if not isinstance(r, int):
-                    out[i] = code_of(r)
-                    continue
-                if i in staged:
-                    scatter(staged[i], r, all_buffer_ptrs[i], all_sizes[i])
-                out[i] = r
+            whole = [i for i, ps in parts.items() if len(ps) == 1]
+            if whole:
+                got = c.batch_get_into([keys[i] for i in whole], [parts[i][0] for i in whole])
+                for i, r in zip(whole, got, strict=True):
+                    out[i] = r if isinstance(r, int) else code_of(r)
+            scattered = [i for i, ps in parts.items() if len(ps) > 1]
+            if not scattered:
+                return out
+            res: list[Any] = [TransferError("staged")] * len(scattered)
+            if self.multi_zero_copy:
+                wire = [c.config.wire_key(check_key(keys[i])) for i in scattered]
+                res = c.run(get_parts_op(c.ops.ctx, wire, [parts[i] for i in scattered]))
+            for i, r in zip(scattered, res, strict=True):
+                out[i] = r if isinstance(r, int) else code_of(r)
+            again = [i for i, r in zip(scattered, res, strict=True) if isinstance(r, _RETRIED)]
+            if again:  # the client's own read (replica retries, corruption reports), staged
+                staged = [memoryview(bytearray(sum(v.nbytes for v in parts[i]))) for i in again]
+                got = c.batch_get_into([keys[i] for i in again], staged)
+                for i, buf, r in zip(again, staged, got, strict=True):
+                    if isinstance(r, int):
+                        _scatter_views(buf, r, parts[i])
+                    out[i] = r if isinstance(r, int) else code_of(r)
             return out
 
         return per_key(self._call(run, code_of), len(keys))

@@ -183,6 +183,54 @@ def test_multi_buffers_round_trip_and_bad_shapes(store: MooncakeDistributedStore
     assert got == [8, BAD]
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_scattered_multi_buffers_move_without_staging(
+    store: MooncakeDistributedStore, cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+    zero_copy: bool,
+) -> None:  # fmt: skip
+    """Scattered buffers go straight to and from the pool (no staging join or scatter
+    copy) and give the same objects, checksums included, as the staged path."""
+    from kvstore.compat import mooncake_multi
+
+    staged: list[int] = []
+    real_join, real_scatter = mooncake_multi._join, mooncake_multi._scatter_views
+    monkeypatch.setattr(mooncake_multi, "_join", lambda p: staged.append(1) or real_join(p))
+    monkeypatch.setattr(mooncake_multi, "_scatter_views",
+                        lambda *a: staged.append(2) or real_scatter(*a))  # fmt: skip
+    store.multi_zero_copy = zero_copy
+    rng = np.random.default_rng(7)
+    kv = rng.integers(0, 255, size=(8, 5, 4096), dtype=np.uint8)  # layers x blocks x bytes
+    out = np.zeros_like(kv)
+    keys = [f"sg{b}" for b in range(4)] + ["sg-whole", "sg-bad", "sg-missing"]
+    ptrs = [[kv[layer, b].ctypes.data for layer in range(8)] for b in range(4)]
+    ptrs += [[kv[0, 4].ctypes.data, kv[0, 4].ctypes.data + 2048], [0], [kv[1, 4].ctypes.data]]
+    sizes = [[4096] * 8] * 4 + [[2048, 2048], [8], [4096]]
+    assert store.batch_put_from_multi_buffers(keys[:6], ptrs[:6], sizes[:6]) == [0] * 5 + [BAD]
+    for b in range(4):
+        assert store.get(f"sg{b}") == kv[:, b].tobytes()  # the concatenation, in order
+        assert store.get(f"sg{b}") == kv[:, b].tobytes()  # a cached location: verified read
+    other = MooncakeDistributedStore()
+    assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", cluster.address) == 0
+    try:  # another client reads them too (its reads check the committed checksum)
+        assert other.get_batch(keys[:4]) == [kv[:, b].tobytes() for b in range(4)]
+    finally:
+        assert other.close() == 0
+    optrs = [[out[layer, b].ctypes.data for layer in range(8)] for b in range(4)]
+    optrs += [[out[0, 4].ctypes.data], [0], [out[1, 4].ctypes.data, out[2, 4].ctypes.data]]
+    osizes = [[4096] * 8] * 4 + [[4096], [8], [2048, 2048]]
+    got = store.batch_get_into_multi_buffers(keys, optrs, osizes)
+    assert got == [8 * 4096] * 4 + [4096, BAD, NOT_FOUND]
+    assert np.array_equal(out[:, :4], kv[:, :4]) and np.array_equal(out[0, 4], kv[0, 4])
+    # an object smaller than its buffers fills the first ones; too large is INVALID_PARAMS
+    small = np.zeros((3, 4096), dtype=np.uint8)
+    sp = [[small[0].ctypes.data, small[2].ctypes.data]]
+    assert store.batch_get_into_multi_buffers(["sg-whole"], sp, [[3000, 4096]]) == [4096]
+    assert small[0, :3000].tobytes() + small[2, :1096].tobytes() == kv[0, 4].tobytes()
+    assert not small[2, 1096:].any()
+    assert store.batch_get_into_multi_buffers(["sg0"], sp, [[3000, 4096]]) == [BAD]
+    assert (not staged) if zero_copy else staged.count(1) == 4 and staged.count(2) >= 4
+
+
 def test_tensor_api(store: MooncakeDistributedStore) -> None:
     t = torch.randn(4, 6)
     assert store.put_tensor("t", t) == 0 and torch.equal(store.get_tensor("t"), t)
