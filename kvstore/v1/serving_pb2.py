@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvstore/v1/serving.proto\x12\nkvstore.v1\"C\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\xc0\x01\n\x0eGenerationSpec\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x13\n\x0bprompt_text\x18\x04 \x01(\t\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.kvstore.v1.SamplingOptions\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\"\x83\x01\n\tKVHandoff\x12\x14\n\x0c\x62lock_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\x12\x10\n\x08tail_key\x18\x04 \x01(\t\x12\x13\n\x0btail_tokens\x18\x05 \x01(\r\x12\x0f\n\x07layered\x18\x06 \x01(\x08\"\xaa\x01\n\x0ePrefillTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0f\n\x07match_s\x18\x02 \x01(\x01\x12\x0e\n\x06load_s\x18\x03 \x01(\x01\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x11\n\tpublish_s\x18\x05 \x01(\x01\x12\x16\n\x0epublish_wait_s\x18\x06 \x01(\x01\x12\x0f\n\x07total_s\x18\x07 \x01(\x01\x12\x17\n\x0fpublished_bytes\x18\x08 \x01(\x04\":\n\x0ePrefillRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\"\xd7\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12&\n\x07handoff\x18\x05 \x01(\x0b\x32\x15.kvstore.v1.KVHandoff\x12+\n\x07timings\x18\x06 \x01(\x0b\x32\x1a.kvstore.v1.PrefillTimings\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\"v\n\rDecodeRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12&\n\x07handoff\x18\x03 \x01(\x0b\x32\x15.kvstore.v1.KVHandoff\";\n\x0fGenerateRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\"}\n\rDecodeTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06pull_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x12\n\nrecomputed\x18\x05 \x01(\x08\x12\x14\n\x0cpulled_bytes\x18\x06 \x01(\x04\"\xa2\x01\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rtoken_times_s\x18\x03 \x03(\x01\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.kvstore.v1.FinishReason\x12*\n\x07timings\x18\x05 \x01(\x0b\x32\x19.kvstore.v1.DecodeTimings\"\x15\n\x13ServingStatsRequest\"\x96\x03\n\x14ServingStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x0f\n\x07running\x18\x06 \x01(\r\x12\x0f\n\x07waiting\x18\x07 \x01(\r\x12\x15\n\rrequests_done\x18\x08 \x01(\x04\x12\x17\n\x0frequests_failed\x18\t \x01(\x04\x12\r\n\x05steps\x18\n \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x0b \x01(\r\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12\x17\n\x0f\x62\x61tch_invariant\x18\r \x01(\x08\x12\x12\n\nnum_layers\x18\x0e \x01(\r\x12\x12\n\nkv_objects\x18\x0f \x01(\t\x12\x1c\n\x14local_prefill_tokens\x18\x10 \x01(\r\x12\x16\n\x0ewaiting_tokens\x18\x11 \x01(\x04\x12\x14\n\x0cpool_segment\x18\x12 \x01(\x08\x12\x10\n\x08kv_dtype\x18\x13 \x01(\t*X\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x32\xa0\x01\n\x0ePrefillService\x12\x42\n\x07Prefill\x12\x1a.kvstore.v1.PrefillRequest\x1a\x1b.kvstore.v1.PrefillResponse\x12J\n\x05Stats\x12\x1f.kvstore.v1.ServingStatsRequest\x1a .kvstore.v1.ServingStatsResponse2\xdd\x01\n\rDecodeService\x12=\n\x06\x44\x65\x63ode\x12\x19.kvstore.v1.DecodeRequest\x1a\x16.kvstore.v1.TokenChunk0\x01\x12\x41\n\x08Generate\x12\x1b.kvstore.v1.GenerateRequest\x1a\x16.kvstore.v1.TokenChunk0\x01\x12J\n\x05Stats\x12\x1f.kvstore.v1.ServingStatsRequest\x1a .kvstore.v1.ServingStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kvstore/v1/serving.proto\x12\nkvstore.v1\"C\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\xd0\x01\n\x0eGenerationSpec\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x13\n\x0bprompt_text\x18\x04 \x01(\t\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.kvstore.v1.SamplingOptions\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x0e\n\x06tenant\x18\x08 \x01(\t\"\x83\x01\n\tKVHandoff\x12\x14\n\x0c\x62lock_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\x12\x10\n\x08tail_key\x18\x04 \x01(\t\x12\x13\n\x0btail_tokens\x18\x05 \x01(\r\x12\x0f\n\x07layered\x18\x06 \x01(\x08\"\xaa\x01\n\x0ePrefillTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0f\n\x07match_s\x18\x02 \x01(\x01\x12\x0e\n\x06load_s\x18\x03 \x01(\x01\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\x11\n\tpublish_s\x18\x05 \x01(\x01\x12\x16\n\x0epublish_wait_s\x18\x06 \x01(\x01\x12\x0f\n\x07total_s\x18\x07 \x01(\x01\x12\x17\n\x0fpublished_bytes\x18\x08 \x01(\x04\":\n\x0ePrefillRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\"\xd7\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12&\n\x07handoff\x18\x05 \x01(\x0b\x32\x15.kvstore.v1.KVHandoff\x12+\n\x07timings\x18\x06 \x01(\x0b\x32\x1a.kvstore.v1.PrefillTimings\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\"v\n\rDecodeRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\x12\x13\n\x0b\x66irst_token\x18\x02 \x01(\r\x12&\n\x07handoff\x18\x03 \x01(\x0b\x32\x15.kvstore.v1.KVHandoff\";\n\x0fGenerateRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.kvstore.v1.GenerationSpec\"}\n\rDecodeTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06pull_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x12\n\nrecomputed\x18\x05 \x01(\x08\x12\x14\n\x0cpulled_bytes\x18\x06 \x01(\x04\"\xa2\x01\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rtoken_times_s\x18\x03 \x03(\x01\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.kvstore.v1.FinishReason\x12*\n\x07timings\x18\x05 \x01(\x0b\x32\x19.kvstore.v1.DecodeTimings\"\x15\n\x13ServingStatsRequest\"\x96\x03\n\x14ServingStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x0f\n\x07running\x18\x06 \x01(\r\x12\x0f\n\x07waiting\x18\x07 \x01(\r\x12\x15\n\rrequests_done\x18\x08 \x01(\x04\x12\x17\n\x0frequests_failed\x18\t \x01(\x04\x12\r\n\x05steps\x18\n \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x0b \x01(\r\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12\x17\n\x0f\x62\x61tch_invariant\x18\r \x01(\x08\x12\x12\n\nnum_layers\x18\x0e \x01(\r\x12\x12\n\nkv_objects\x18\x0f \x01(\t\x12\x1c\n\x14local_prefill_tokens\x18\x10 \x01(\r\x12\x16\n\x0ewaiting_tokens\x18\x11 \x01(\x04\x12\x14\n\x0cpool_segment\x18\x12 \x01(\x08\x12\x10\n\x08kv_dtype\x18\x13 \x01(\t*X\n\x0c\x46inishReason\x12\x16\n\x12\x46INISH_REASON_NONE\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x32\xa0\x01\n\x0ePrefillService\x12\x42\n\x07Prefill\x12\x1a.kvstore.v1.PrefillRequest\x1a\x1b.kvstore.v1.PrefillResponse\x12J\n\x05Stats\x12\x1f.kvstore.v1.ServingStatsRequest\x1a .kvstore.v1.ServingStatsResponse2\xdd\x01\n\rDecodeService\x12=\n\x06\x44\x65\x63ode\x12\x19.kvstore.v1.DecodeRequest\x1a\x16.kvstore.v1.TokenChunk0\x01\x12\x41\n\x08Generate\x12\x1b.kvstore.v1.GenerateRequest\x1a\x16.kvstore.v1.TokenChunk0\x01\x12J\n\x05Stats\x12\x1f.kvstore.v1.ServingStatsRequest\x1a .kvstore.v1.ServingStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore.v1.serving_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1794
-  _globals['_FINISHREASON']._serialized_end=1882
+  _globals['_FINISHREASON']._serialized_start=1810
+  _globals['_FINISHREASON']._serialized_end=1898
   _globals['_SAMPLINGOPTIONS']._serialized_start=40
   _globals['_SAMPLINGOPTIONS']._serialized_end=107
   _globals['_GENERATIONSPEC']._serialized_start=110
-  _globals['_GENERATIONSPEC']._serialized_end=302
-  _globals['_KVHANDOFF']._serialized_start=305
-  _globals['_KVHANDOFF']._serialized_end=436
-  _globals['_PREFILLTIMINGS']._serialized_start=439
-  _globals['_PREFILLTIMINGS']._serialized_end=609
-  _globals['_PREFILLREQUEST']._serialized_start=611
-  _globals['_PREFILLREQUEST']._serialized_end=669
-  _globals['_PREFILLRESPONSE']._serialized_start=672
-  _globals['_PREFILLRESPONSE']._serialized_end=887
-  _globals['_DECODEREQUEST']._serialized_start=889
-  _globals['_DECODEREQUEST']._serialized_end=1007
-  _globals['_GENERATEREQUEST']._serialized_start=1009
-  _globals['_GENERATEREQUEST']._serialized_end=1068
-  _globals['_DECODETIMINGS']._serialized_start=1070
-  _globals['_DECODETIMINGS']._serialized_end=1195
-  _globals['_TOKENCHUNK']._serialized_start=1198
-  _globals['_TOKENCHUNK']._serialized_end=1360
-  _globals['_SERVINGSTATSREQUEST']._serialized_start=1362
-  _globals['_SERVINGSTATSREQUEST']._serialized_end=1383
-  _globals['_SERVINGSTATSRESPONSE']._serialized_start=1386
-  _globals['_SERVINGSTATSRESPONSE']._serialized_end=1792
-  _globals['_PREFILLSERVICE']._serialized_start=1885
-  _globals['_PREFILLSERVICE']._serialized_end=2045
-  _globals['_DECODESERVICE']._serialized_start=2048
-  _globals['_DECODESERVICE']._serialized_end=2269
+  _globals['_GENERATIONSPEC']._serialized_end=318
+  _globals['_KVHANDOFF']._serialized_start=321
+  _globals['_KVHANDOFF']._serialized_end=452
+  _globals['_PREFILLTIMINGS']._serialized_start=455
+  _globals['_PREFILLTIMINGS']._serialized_end=625
+  _globals['_PREFILLREQUEST']._serialized_start=627
+  _globals['_PREFILLREQUEST']._serialized_end=685
+  _globals['_PREFILLRESPONSE']._serialized_start=688
+  _globals['_PREFILLRESPONSE']._serialized_end=903
+  _globals['_DECODEREQUEST']._serialized_start=905
+  _globals['_DECODEREQUEST']._serialized_end=1023
+  _globals['_GENERATEREQUEST']._serialized_start=1025
+  _globals['_GENERATEREQUEST']._serialized_end=1084
+  _globals['_DECODETIMINGS']._serialized_start=1086
+  _globals['_DECODETIMINGS']._serialized_end=1211
+  _globals['_TOKENCHUNK']._serialized_start=1214
+  _globals['_TOKENCHUNK']._serialized_end=1376
+  _globals['_SERVINGSTATSREQUEST']._serialized_start=1378
+  _globals['_SERVINGSTATSREQUEST']._serialized_end=1399
+  _globals['_SERVINGSTATSRESPONSE']._serialized_start=1402
+  _globals['_SERVINGSTATSRESPONSE']._serialized_end=1808
+  _globals['_PREFILLSERVICE']._serialized_start=1901
+  _globals['_PREFILLSERVICE']._serialized_end=2061
+  _globals['_DECODESERVICE']._serialized_start=2064
+  _globals['_DECODESERVICE']._serialized_end=2285
 # @@protoc_insertion_point(module_scope)

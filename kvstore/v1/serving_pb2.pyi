@@ -27,7 +27,7 @@ class SamplingOptions(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerationSpec(_message.Message):
-    __slots__ = ("request_id", "model_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "stop_token_ids")
+    __slots__ = ("request_id", "model_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "stop_token_ids", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class GenerationSpec(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -42,7 +43,8 @@ class GenerationSpec(_message.Message):
     sampling: SamplingOptions
     max_tokens: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., model_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., model_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class KVHandoff(_message.Message):
     __slots__ = ("block_tokens", "num_layers", "block_hashes", "tail_key", "tail_tokens", "layered")
