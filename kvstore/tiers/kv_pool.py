@@ -9,6 +9,11 @@ pinned only when CUDA is available. On a cpu device the gather writes straight
 into the host tensor (the staging buffer *is* the host tensor): one code path.
 The only device-specific step is the scatter kernel (see `_scatter_blocks`).
 
+The device memory is one `HbmSegment` (the same class a storage node lends to the
+pool): each layer's tensor is a typed view of its slice, so the engine's paged KV and
+the pool's HBM tier are one implementation of device memory, and a pool's blocks can be
+registered with a transfer engine as one region.
+
 Not thread-safe: callers (HbmTier) serialize access.
 """
 
@@ -20,22 +25,41 @@ import torch
 
 from kvstore.errors import BadRequestError
 from kvstore.tiers.block_pool import BlockPool
+from kvstore.tiers.hbm_segment import HbmSegment
 from kvstore.tiers.kv_layout import HbmConfig, resolve_device
+
+LAYER_ALIGN = 256  # each layer's slice starts on this boundary (device copy alignment)
 
 
 class HbmKVPool:
     """Per-layer KV tensors `[num_blocks, 2, block_tokens, kv_heads, head_dim]` on a device."""
 
-    def __init__(self, config: HbmConfig) -> None:
+    def __init__(self, config: HbmConfig, segment: HbmSegment | None = None) -> None:
+        """`segment`: device memory to lay the pool out in (at least `segment_bytes`);
+        by default one of its own."""
         self.config = config
         self.layout = config.layout
         self.device = resolve_device(config.device)
         self.on_cuda = self.device.type == "cuda"
         shape = (config.num_blocks, *self.layout.layer_block_shape)
+        layer_bytes = config.num_blocks * self.layout.block_bytes_per_layer
+        stride = -(-layer_bytes // LAYER_ALIGN) * LAYER_ALIGN
+        need = stride * self.layout.num_layers
+        owns = segment is None
+        if segment is None:
+            segment = HbmSegment(f"kv-pool-{id(self):x}", need, str(self.device))
+        elif segment.size < need or segment.device != self.device:
+            raise BadRequestError(
+                f"the KV pool needs {need} bytes on {self.device}; segment {segment.name!r} "
+                f"has {segment.size} on {segment.device}"
+            )
+        self.segment = segment
+        self._owns_segment = owns
+        segment.tensor[:need].zero_()
         dtype = self.layout.torch_dtype
         self.layers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device)
-            for _ in range(self.layout.num_layers)
+            segment.tensor[i * stride : i * stride + layer_bytes].view(dtype).view(shape)
+            for i in range(self.layout.num_layers)
         ]
         self.pool = BlockPool(config.num_blocks)
         self._dev_staging: torch.Tensor | None = None
@@ -108,6 +132,8 @@ class HbmKVPool:
         self.layers = []
         self._dev_staging = None
         self._host_staging = None
+        if self._owns_segment:
+            self.segment.close()
 
     def _gather_into(self, idx: torch.Tensor, out: torch.Tensor) -> None:
         """One chunk: gather every layer into staging, then one bulk copy to `out`.

@@ -256,3 +256,31 @@ def test_bench_script_runs_and_verifies() -> None:
         "batched_onload",
         "naive_onload",
     }
+
+
+def test_the_pool_is_laid_out_in_one_hbm_segment() -> None:
+    """The engine's paged KV and the pool's HBM tier are one device memory: the layers
+    are views of an HbmSegment, so a block written through the pool is in its bytes."""
+    from kvstore.tiers.hbm_segment import HbmSegment
+
+    layout = KVLayout(num_layers=3, block_tokens=4, kv_heads=2, head_dim=8, dtype="float16")
+    with pytest.raises(BadRequestError, match="needs"):
+        HbmKVPool(HbmConfig(layout, 8, "cpu"), HbmSegment("small", 100, "cpu"))
+    seg = HbmSegment("kv", 1 << 20, "cpu")
+    seg.tensor.fill_(0xAB)
+    pool = HbmKVPool(HbmConfig(layout, 8, "cpu"), seg)
+    assert all(int(layer.abs().sum()) == 0 for layer in pool.layers)  # zeroed on layout
+    block = torch.arange(layout.block_bytes // 2, dtype=torch.float16).view(layout.host_shape(1))
+    pool.onload(block, [5])
+    raw = seg.buffer
+    assert raw is not None
+    layer_bytes = 8 * layout.block_bytes_per_layer
+    start = 5 * layout.block_bytes_per_layer  # layer 0, block 5
+    got = torch.frombuffer(bytearray(raw[start : start + layout.block_bytes_per_layer]),
+                           dtype=torch.float16)  # fmt: skip
+    assert torch.equal(got, block[0, 0].reshape(-1))
+    stride = -(-layer_bytes // 256) * 256
+    assert bytes(raw[stride * 3 : stride * 3 + 16]) == b"\xab" * 16  # past the pool: untouched
+    assert torch.equal(pool.offload([5]), block)
+    pool.close()
+    assert seg.size == 1 << 20  # a lent segment outlives the pool laid out in it
