@@ -48,6 +48,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         # node, made at RegisterNode); insecure mode issues none and pays nothing.
         secured = not security_config.from_env().insecure
         self.caps: capabilities.Issuer | None = capabilities.Issuer() if secured else None
+        self.cap_cache = wire.CapabilityCache()  # READ grants of hot keys, reused per quantum
 
     def _check_batch(self, n: int) -> None:
         if n > self.state.config.max_batch:
@@ -169,8 +170,14 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             found, ttl = self.state.lookup_rows(
                 keys, request.lease_ttl_ms / 1000, request.pin_ttl_ms / 1000, request.client_id
             )  # the table records who holds each lease (ReaderBook reads it)
-        mint = self._mint(capabilities.READ, ttl)  # for the lease; a pure query gets none
-        parts = [wire.lookup_results(self.state.objects, found, self.locations, mint)]
+        # READ for the lease, its end rounded down to a quantum (<= 1 s, <= a quarter of
+        # the lease) so that a hot key's grant is reused; a pure query gets none
+        mint = None
+        if self.caps is not None:
+            mint = self.caps.minter(capabilities.READ, ttl, min(1000, int(ttl * 250)))
+        parts = [
+            wire.lookup_results(self.state.objects, found, self.locations, mint, self.cap_cache)
+        ]
         self.broker.wake()  # hits may have queued promotions
         parts.append(
             master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()

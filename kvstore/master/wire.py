@@ -230,14 +230,18 @@ class RowWriter:
 
 def _locations(
     w: RowWriter, table: ObjectTable, rows: np.ndarray, ok: np.ndarray, tag: bytes,
-    mint: Mint | None = None,
+    mint: Mint | None = None, cache: CapabilityCache | None = None,
 ) -> None:  # fmt: skip
     """The single-replica `Location` of each ok row as a length-delimited field `tag`
-    (with its capability from `mint`, when given)."""
+    (with its capability from `mint`, when given, reused from `cache` where it holds it)."""
     slots = table.col["seg"][rows]
     offs = table.col["offset"][rows]
     sizes = table.col["size"][rows]
-    caps = _capabilities(table, slots, offs, sizes, ok, mint) if mint is not None else None
+    caps = None
+    if mint is not None and cache is not None:
+        caps = cache.fill(table, rows, slots, offs, sizes, ok, mint)
+    elif mint is not None:
+        caps = _capabilities(table, slots, offs, sizes, ok, mint)
     uniq = np.unique(slots[ok])
     pre = [_segment_prefix(table, int(s)) for s in uniq.tolist()]
     plen = np.array([len(p) for p in pre] or [0], _I64)
@@ -248,8 +252,8 @@ def _locations(
     off_mat, off_len = varints(offs)
     size_mat, size_len = varints(sizes)
     loc_len = plen[at] + np.where(has_off, 1 + off_len, 0) + 1 + size_len
-    if caps is not None:
-        loc_len = loc_len + caps[2]
+    if caps is not None:  # the field's bytes: tag, length and capability
+        loc_len = loc_len + (caps[2] if len(caps) == 3 else np.where(caps[1] > 0, caps[1] + 2, 0))
     w.const(tag, ok)
     w.varint(loc_len, ok)
     w.gather(np.frombuffer(b"".join(pre) or b"\0", np.uint8), pstart[at], np.where(ok, plen[at], 0))
@@ -257,8 +261,85 @@ def _locations(
     w._matrix(off_mat, np.where(has_off, off_len, 0))
     w.const(b"\x28", ok)
     w._matrix(size_mat, np.where(ok, size_len, 0))
-    if caps is not None:
+    if caps is not None and len(caps) == 3:
         w.gather(*caps)
+    elif caps is not None:
+        w.const(_CAP_TAG + bytes([CAP_BYTES]), caps[1] > 0)
+        w._matrix(caps[0], caps[1])
+
+
+CAP_BYTES = 45  # kvstore.security.capabilities.SIZE
+# A capability's fields as numpy reads them (the body packs unsigned; values < 2**63)
+_CAP = np.dtype([("mode", "u1"), ("key", "<u4"), ("exp", "<i8"), ("off", "<i8"),
+                 ("len", "<i8"), ("tag", "V16")])  # fmt: skip
+
+
+class CapabilityCache:
+    """The capabilities of recent replies, per object row (the first `max_rows` rows):
+    a lookup of a row whose cached grant has this reply's mode, expiry (a Minter's,
+    rounded to its quantum), range, segment and key reuses it, so a hot key costs one
+    MAC per quantum rather than one per lookup. A slot whose segment changed, or a
+    node's new key, makes its entries miss."""
+
+    def __init__(self, max_rows: int = 1 << 20) -> None:
+        self.max_rows = max_rows
+        self.caps = np.zeros(0, _CAP)
+        self.slot = np.zeros(0, _I64)
+        self._segments: dict[int, object] = {}  # slot -> the segment its entries are for
+        self.hits = self.misses = 0
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.caps):
+            return
+        n = min(self.max_rows, max(n, 2 * len(self.caps), 1024))
+        caps, slot = np.zeros(n, _CAP), np.full(n, -1, _I64)
+        caps[: len(self.caps)], slot[: len(self.slot)] = self.caps, self.slot
+        self.caps, self.slot = caps, slot
+
+    def fill(
+        self, table: ObjectTable, rows: np.ndarray, slots: np.ndarray, offs: np.ndarray,
+        sizes: np.ndarray, ok: np.ndarray, mint: Mint,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(n x 45 matrix, length per row: 45 or 0) of each ok row's capability."""
+        n = len(rows)
+        out = np.zeros((n, CAP_BYTES), np.uint8)
+        uniq = np.unique(slots[ok])
+        if not len(uniq):
+            return out, np.zeros(n, _I64)
+        segs = [table.segments[s] for s in uniq.tolist()]
+        for s, seg in zip(uniq.tolist(), segs, strict=True):
+            if self._segments.get(s) is not seg:  # a new segment in this slot
+                self.slot[self.slot == s] = -1
+                self._segments[s] = seg
+        key_of = getattr(mint, "key_id", None)
+        keys = np.array([key_of(g.node_id) if key_of else 0 for g in segs], _I64)
+        row_key = keys[np.minimum(np.searchsorted(uniq, slots), len(uniq) - 1)]
+        has = ok & (row_key >= 0)
+        keep = has & (rows < self.max_rows)
+        if keep.any():
+            self._grow(int(rows[keep].max()) + 1)
+        r = np.where(keep, rows, 0)
+        if len(self.caps):
+            c = self.caps[r]
+            valid = keep & (self.slot[r] == slots) & (c["exp"] == getattr(mint, "expiry", -1))
+            valid &= (c["off"] == offs) & (c["len"] == sizes) & (c["key"] == row_key)
+            valid &= c["mode"] == getattr(mint, "mode", -1)
+            out[valid] = c[valid].view(np.uint8).reshape(-1, CAP_BYTES)
+        else:
+            valid = np.zeros(n, bool)
+        miss = np.nonzero(has & ~valid)[0]
+        self.hits += int(valid.sum())
+        self.misses += len(miss)
+        by_slot = dict(zip(uniq.tolist(), segs, strict=True))
+        mat = self.caps.view(np.uint8).reshape(-1, CAP_BYTES)
+        for j, slot, off, size in zip(miss.tolist(), slots[miss].tolist(), offs[miss].tolist(),
+                                      sizes[miss].tolist(), strict=True):  # fmt: skip
+            seg = by_slot[slot]
+            out[j] = np.frombuffer(mint(seg.node_id, seg.name, off, size), np.uint8)
+            if keep[j]:
+                mat[rows[j]] = out[j]
+                self.slot[rows[j]] = slot
+        return out, np.where(has, CAP_BYTES, 0)
 
 
 def _capabilities(
@@ -306,8 +387,9 @@ def _wrap(inner: RowWriter, ok: np.ndarray, blobs: dict[int, bytes]) -> bytes:
 
 
 def lookup_results(
-    table: ObjectTable, res: RowBatch, enc: LocationEncoder, mint: Mint | None = None
-) -> bytes:
+    table: ObjectTable, res: RowBatch, enc: LocationEncoder, mint: Mint | None = None,
+    cache: CapabilityCache | None = None,
+) -> bytes:  # fmt: skip
     """`repeated LookupResult results = 1` of a BatchLookupResponse for `res` (each
     replica with its capability from `mint`, when given)."""
     n = len(res.ids)
@@ -327,7 +409,7 @@ def lookup_results(
     w = RowWriter(n)
     w.const(OK_STATUS + b"\x10", ok)
     w.varint(table.col["size"][rows], ok)
-    _locations(w, table, rows, ok, b"\x1a", mint)
+    _locations(w, table, rows, ok, b"\x1a", mint, cache)
     groups = table.col["group"][rows]
     own = ok & (groups < 0)
     named = ok & (groups >= 0)

@@ -145,9 +145,10 @@ class Issuer:
         body = _BODY.pack(mode, key.key_id, expiry, offset, length)
         return body + _tag(keyed, body, segment.encode(), suffix)
 
-    def minter(self, mode: int, ttl_s: float) -> Minter | None:
-        """Grants of `mode` for one reply, all with one expiry (None: `ttl_s` <= 0)."""
-        return Minter(self, mode, ttl_s) if ttl_s > 0 else None
+    def minter(self, mode: int, ttl_s: float, quantum_ms: int = 0) -> Minter | None:
+        """Grants of `mode` for one reply, all with one expiry (None: `ttl_s` <= 0),
+        rounded down to a multiple of `quantum_ms` (see Minter)."""
+        return Minter(self, mode, ttl_s, quantum_ms) if ttl_s > 0 else None
 
     def stamp(self, locations: Iterable[Any], mode: int, ttl_s: float) -> None:
         """Set `capability` on each location (anything with node_id, segment, offset and
@@ -177,11 +178,19 @@ class Minter:
     segment) part of the MAC input worked out once. Called by the master's reply
     encoders (kvstore.master.wire) per location; b"" for a node without a key."""
 
-    def __init__(self, issuer: Issuer, mode: int, ttl_s: float) -> None:
+    def __init__(self, issuer: Issuer, mode: int, ttl_s: float, quantum_ms: int = 0) -> None:
         self._keys = issuer._keys
-        self._mode = mode
-        self._expiry = issuer.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
+        self.mode = mode
+        expiry = issuer.now_ms() + int(min(ttl_s, MAX_TTL_S) * 1000)
+        # Rounded down (never past the lease) to a multiple of `quantum_ms`: grants of one
+        # range within one quantum are then byte-identical, so a reply cache can reuse them.
+        self.expiry = expiry - expiry % quantum_ms if quantum_ms > 1 else expiry
         self._cache: dict[tuple[str, str], tuple[int, Any, bytes] | None] = {}
+
+    def key_id(self, node_id: str) -> int:
+        """The current key id of `node_id`, -1 when it has no key."""
+        key = self._keys.get(node_id)
+        return key[0].key_id if key is not None else -1
 
     def __call__(self, node_id: str, segment: str, offset: int, length: int) -> bytes:
         where = (node_id, segment)
@@ -192,7 +201,7 @@ class Minter:
             self._cache[where] = entry
         if entry is None:
             return b""
-        body = _BODY.pack(self._mode, entry[0], self._expiry, offset, length)
+        body = _BODY.pack(self.mode, entry[0], self.expiry, offset, length)
         h = entry[1].copy()
         h.update(body + entry[2])
         return body + h.digest()

@@ -87,7 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         keyring.install(secret, args.key_id, args.clock_ms, time.monotonic())
     server = TransferServer(ServerConfig(host=args.host), tls=tls, keyring=keyring)
     server.start()
-    desc = server.expose_segment(segment)
+    if keyring is None:
+        desc = server.expose_segment(segment)
+    else:  # the fd only for a capability, as a secured node serves it
+        from kvstore.tiers.shm import FdServer
+        from kvstore.transfer.shm import fd_gate
+
+        fds = FdServer(authorize=fd_gate(keyring))
+        fds.start()
+        desc = server.expose(segment.name, segment.buffer, shm=True, shm_socket=segment.serve(fds))
     nixl_engine = None
     if args.nixl:
         from kvstore.transfer.nixl import NixlEngine

@@ -119,3 +119,35 @@ def test_insecure_replies_carry_none(small: int, monkeypatch: pytest.MonkeyPatch
     put, leased, _ = run(svc, ITEMS)
     assert all(loc.capability == b"" for r in put.results for loc in r.locations)
     assert all(loc.capability == b"" for r in leased.results for loc in r.replicas)
+
+
+def test_hot_keys_reuse_their_grant_until_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply cache (numpy path): a second lookup within the quantum reuses each
+    row's capability byte for byte; a node's new key makes its rows get fresh ones."""
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", 0)
+    monkeypatch.setattr(wire, "SMALL_BATCH", 0)
+    _, svc, rings = servicer(secured=True)
+    items = [master_pb2.PutStartItem(key=f"h{i}", size=512) for i in range(64)]
+    _, first, _ = run(svc, items)
+    keys = [it.key for it in items]
+
+    def lookup() -> master_pb2.BatchLookupResponse:
+        req = master_pb2.BatchLookupRequest(keys=keys, lease_ttl_ms=2000)
+        return asyncio.run(svc.BatchLookup(req, None))
+
+    hits = svc.cap_cache.hits
+    again = lookup()
+    caps = [r.replicas[0].capability for r in again.results]
+    assert caps == [r.replicas[0].capability for r in first.results[1:]] or (
+        svc.cap_cache.hits == hits  # the quantum turned between the two lookups
+    )
+    assert svc.cap_cache.hits > hits or len(set(caps)) == len(caps)
+    assert svc.caps is not None
+    key = svc.caps.rotate("a")  # node a registered again
+    rings["a"].install(key.secret, key.key_id, key.clock_ms, time.monotonic())
+    for r in lookup().results:
+        loc = r.replicas[0]
+        rings[loc.node_id].check(loc.segment, loc.offset, loc.length, READ, loc.capability)
+    assert len(set(caps)) == len(caps)  # one grant per range, never shared
