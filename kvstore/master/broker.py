@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from asyncio_throttle import Throttler
 
@@ -34,6 +34,11 @@ class MoveBroker:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._waiting: dict[int, asyncio.Future[MoveResult]] = {}
         self._pollers: set[str] = set()  # nodes that have long-polled for tasks
+
+    def expect_pollers(self, node_ids: Iterable[str]) -> None:
+        """Count these nodes as task pollers before they poll (a new HA leader's restored
+        nodes: they run task workers, so a PutEnd must wait for their PERSIST)."""
+        self._pollers.update(node_ids)
 
     def wake(self) -> None:
         """Wake the long polls of every node with moves pending (after any state change)."""

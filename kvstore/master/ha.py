@@ -417,6 +417,10 @@ class HAMaster:
         hold_restored(state, horizon)
         servicer = MasterServicer(state, str(epoch))
         servicer.fast_lane = self.lane_address  # Stats tells clients where it is
+        # The restored nodes run task workers that will poll this leader: until they do,
+        # a PutEnd must still wait for their PERSIST (or it acknowledges an SSD replica
+        # that no index holds yet).
+        servicer.broker.expect_pollers(list(state.registry.nodes))
         # The guard of this term: its quota ledger is rebuilt from the restored objects.
         servicer.guard = self.guard = MasterGuard(state)
         self.state, self.journal, self.epoch = state, journal, epoch
