@@ -11,6 +11,8 @@
     tenants.py      tenant scoping of keys and the per-tenant quota ledger
     limits.py       sizes and counts the master accepts (lengths, batches, replies, memory)
     guard.py        the master's interceptor: limits, then authz and tenants, per call
+    capabilities.py data-plane grants: the master's per-node keys and MACs over (segment,
+                    range, mode, expiry, node), checked by nodes with no round trip
 
 Threat model, roles and the guarantees with their tests: docs/security.md.
 """
