@@ -50,10 +50,16 @@ class KeyIdentity:
         if not self.kv_dtype:
             raise BadRequestError(f"bad identity {self}: empty kv_dtype")
 
-    def hashes(self, tokens: Sequence[int]) -> list[bytes]:
-        """The prompt's chained full-block hashes, as its prefill node computes them."""
+    def hashes(self, tokens: Sequence[int], tenant: str = "") -> list[bytes]:
+        """The prompt's chained full-block hashes, as its prefill node computes them for
+        a request of `tenant` (which salts them)."""
         ns = namespace(
-            self.model_id, self.seed, self.block_tokens, self.batch_invariant, self.kv_dtype
+            self.model_id,
+            self.seed,
+            self.block_tokens,
+            self.batch_invariant,
+            self.kv_dtype,
+            tenant,
         )
         return block_hashes(tokens, self.block_tokens, ns)
 
@@ -122,10 +128,12 @@ class IdentityBook:
 
 @cache
 def namespace(
-    model_id: str, seed: int, block_tokens: int, batch_invariant: bool, kv_dtype: str
-) -> bytes:
+    model_id: str, seed: int, block_tokens: int, batch_invariant: bool, kv_dtype: str,
+    tenant: str = "",
+) -> bytes:  # fmt: skip
     """The serving nodes' hash namespace (`kvstore.serving.config.namespace`), without torch."""
     mode = "inv" if batch_invariant else "batched"
     return make_namespace(
-        f"{model_id}@seed{seed}", kv_dtype=kv_dtype, kv_layout=f"paged/bt{block_tokens}/{mode}"
-    )
+        f"{model_id}@seed{seed}", tenant=tenant, kv_dtype=kv_dtype,
+        kv_layout=f"paged/bt{block_tokens}/{mode}",
+    )  # fmt: skip

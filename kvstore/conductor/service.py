@@ -41,7 +41,7 @@ from kvstore.conductor.registry import POLICIES, make_policy
 from kvstore.conductor.rpc import GRPC_OPTIONS, rpc_error
 from kvstore.conductor.service_config import ConductorConfig
 from kvstore.conductor.tenants import TenantBook, tenant_of
-from kvstore.errors import KVStoreError, UnavailableError
+from kvstore.errors import BadRequestError, KVStoreError, UnavailableError
 from kvstore.rpc_errors import status_for
 from kvstore.types import Tier
 from kvstore.v1 import conductor_pb2 as cpb
@@ -192,10 +192,14 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         spec.prompt_text = ""
         spec.prompt_token_ids[:] = list(prompt)
         spec.request_id = spec.request_id or f"conductor-{uuid.uuid4().hex[:12]}"
+        # the caller's tenant salts the nodes' block hashes (kvstore.serving.config.namespace)
+        if tenant and spec.tenant and spec.tenant != tenant:
+            raise BadRequestError(f"spec.tenant {spec.tenant!r} is not the caller's {tenant!r}")
+        tenant = spec.tenant = tenant or spec.tenant
         entries = self.directory.healthy(spec.model_id)
         identity = self.directory.identity(spec.model_id)  # the same for every healthy node
         block_tokens = identity.block_tokens
-        hashes = identity.hashes(prompt)
+        hashes = identity.hashes(prompt, tenant)
         index = await self._match(identity.keys(hashes))
         # a named tenant's match counts only the blocks its own requests wrote (tenants.py)
         index = index.capped(self.tenants.owned_prefix(tenant, hashes))

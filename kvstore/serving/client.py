@@ -34,6 +34,7 @@ def make_spec(
     temperature: float = 0.0,
     seed: int = 0,
     stop_token_ids: Sequence[int] = (),
+    tenant: str = "",
 ) -> pb.GenerationSpec:
     spec = pb.GenerationSpec(
         request_id=request_id,
@@ -41,6 +42,7 @@ def make_spec(
         max_tokens=max_tokens,
         sampling=pb.SamplingOptions(temperature=temperature, top_p=1.0, seed=seed),
         stop_token_ids=list(stop_token_ids),
+        tenant=tenant,
     )
     if isinstance(prompt, str):
         spec.prompt_text = prompt

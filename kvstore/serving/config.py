@@ -103,12 +103,14 @@ def kv_layout(config: ServingConfig) -> KVLayout:
     )
 
 
-def namespace(config: ServingConfig) -> bytes:
-    """Hash namespace: everything that changes a block's KV bytes for the same tokens."""
+def namespace(config: ServingConfig, tenant: str = "") -> bytes:
+    """Hash namespace: everything that changes a block's KV bytes for the same tokens,
+    and the request's tenant, so one tenant's prompts never match another's blocks."""
     model = config.model
     mode = "inv" if config.batch_invariant else "batched"
     return make_namespace(
         f"{config.model_id}@seed{config.seed}",
+        tenant=tenant,
         kv_dtype=model.dtype,
         kv_layout=f"paged/bt{config.block_tokens}/{mode}",
     )

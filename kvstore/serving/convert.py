@@ -36,6 +36,7 @@ def request_from_spec(spec: pb.GenerationSpec) -> Request:
         max_tokens=spec.max_tokens,
         sampling=sampling,
         stop_ids=frozenset(spec.stop_token_ids),
+        tenant=spec.tenant,
     )
 
 

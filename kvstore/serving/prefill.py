@@ -95,7 +95,8 @@ class PrefillWorker:
         req.check_fits(self.engine.config)
         self.sweep_tails()
         bt = self.config.block_tokens
-        hashes = block_hashes(req.prompt, bt, self.namespace)
+        space = namespace(self.config, req.tenant) if req.tenant else self.namespace
+        hashes = block_hashes(req.prompt, bt, space)
         n_blocks = -(-len(req.prompt) // bt)
         ids = self.kv.pool.allocate(n_blocks)
         if ids is None:

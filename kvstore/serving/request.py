@@ -15,6 +15,7 @@ from kvstore.errors import BadRequestError, TooLargeError
 from kvstore.model import ModelConfig, Sampler, SamplingParams
 
 MAX_REQUEST_ID = 256  # it becomes part of the tail block's store key
+MAX_TENANT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +27,15 @@ class Request:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset[int] = frozenset()
+    tenant: str = ""  # salts the prompt's block hashes ("" = the shared, unsalted space)
 
     def __post_init__(self) -> None:
         if not 0 < len(self.request_id) <= MAX_REQUEST_ID:
             raise BadRequestError(f"request_id must be 1..{MAX_REQUEST_ID} characters")
+        if "/" in self.tenant or len(self.tenant) > MAX_TENANT:
+            raise BadRequestError(
+                f"bad tenant {self.tenant[:40]!r}: no '/', at most {MAX_TENANT} characters"
+            )
         if not self.prompt:
             raise BadRequestError(f"request {self.request_id!r}: empty prompt")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -228,7 +228,7 @@ class DecodeScheduler:
         known = len(job.handoff.block_hashes) if job.handoff is not None else 0
         written = (*job.req.prompt, *job.tokens[:-1])  # positions whose KV is in the blocks
         try:
-            space = namespace(self.config)
+            space = namespace(self.config, job.req.tenant)
             # the shape the prefill side reads: the handoff's, else this node's own
             layered = job.handoff.layered if job.handoff is not None else self.config.layered
             publish_sequence(self.store, self.kv, space, written, job.blocks, known, layered)

@@ -109,6 +109,20 @@ class NodeProcess:
             self.proc.stdout.close()
 
 
+class ServiceProcess(NodeProcess):
+    """Any service module whose ready line is `... listening on HOST:PORT` (a conductor),
+    started with exactly the arguments given."""
+
+    def __init__(self, module: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+        )
+        self._address = ""
+
+
 def _drain(fd: int) -> None:
     """Keep reading a node's output so a chatty node never blocks on a full pipe."""
     with contextlib.suppress(OSError):
