@@ -1,6 +1,6 @@
 """Master failover: SIGKILL the HA leader during a put storm, again and again.
 
-    python bench/failover.py [--trials 10] [--writers 4] [--quick] [--json]
+    python bench/failover.py [--trials 10] [--writers 4] [--quick] [--rates-only] [--json]
 
 A real etcd (Debian etcd-server) on 127.0.0.1, 3 masters (`--etcd`, lease --ha-lease-s),
 2 storage nodes and `--writers` client threads putting fresh 1 KiB keys through the
@@ -94,6 +94,25 @@ def trial(c: HACluster, storm: PutStorm, run_s: float, settle_s: float) -> dict[
     }  # fmt: skip
 
 
+def report_rates(args: argparse.Namespace, rate: dict[str, float], seconds: float) -> int:
+    """--rates-only: the put rates of one run, to bench/results/failover_rates.json."""
+    single = rate["single_master_no_journal"]
+    result = {
+        "bench": "failover-rates", "writers": args.writers, "seconds_per_storm": seconds,
+        "put_rate_per_s": {k: round(v) for k, v in rate.items()},
+        "ha_over_single": round(rate["ha_leader_etcd_journal"] / single, 3),
+    }  # fmt: skip
+    out = Path(args.out).with_name("failover_rates.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for name, value in rate.items():
+        print(f"put rate, {args.writers} writers, {name}: {value:,.0f}/s")
+    print(f"HA leader / single master: {result['ha_over_single']}x; wrote {out}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=10)
@@ -101,6 +120,8 @@ def main() -> int:
     p.add_argument("--ha-lease-s", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="3 trials, short rate runs")
     p.add_argument("--no-rates", action="store_true", help="skip the put-rate comparison")
+    p.add_argument("--rates-only", action="store_true", help="only the put-rate comparison")
+    p.add_argument("--rate-s", type=float, default=4.0, help="seconds of each rate storm")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "failover.json"))
     args = p.parse_args()
@@ -110,7 +131,10 @@ def main() -> int:
     trials = 3 if args.quick else args.trials
     workdir = Path(tempfile.mkdtemp(prefix="kvs-failover-"))
     with Etcd(workdir / "etcd") as etcd:
-        rate = {} if args.no_rates else rates(workdir, etcd, args.writers, 1.5 if args.quick else 4)
+        rate_s = 1.5 if args.quick else args.rate_s
+        rate = {} if args.no_rates else rates(workdir, etcd, args.writers, rate_s)
+        if args.rates_only:
+            return report_rates(args, rate, rate_s)
         c = HACluster(etcd=etcd, masters=3, nodes=2, dram_bytes=64 << 20, workdir=workdir,
                       ha_lease_s=args.ha_lease_s)  # fmt: skip
         with c:
