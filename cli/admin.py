@@ -4,7 +4,7 @@
     kvstore nodes                       nodes, endpoints, heartbeat age, capacity
     kvstore ls [PREFIX] [--limit N]     objects in key order, paged (--page-token)
     kvstore inspect KEY                 replicas, tiers, size, checksum, leases, pins, age
-    kvstore lookup --prompt TEXT | --tokens FILE --conductor ADDR [--model M]
+    kvstore lookup --prompt TEXT | --tokens FILE --conductor ADDR [--model M] [--tenant T]
                                         prefix match of a prompt per node and tier
     kvstore rm KEY... [--force]         remove (a lease or pin refuses it unless --force)
     kvstore pin KEY... [--ttl-s S]      soft pin; kvstore unpin KEY...
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--tokens", help="file of token ids (whitespace or comma separated)")
     p.add_argument("--conductor", default=None, help="HOST:PORT: where the key identity comes from")
     p.add_argument("--model", default="", help="model id (default: the first node's)")
+    p.add_argument("--tenant", default="", help="the requests' tenant (salts the block hashes)")
     p = add("rm", "remove keys", run_rm)
     p.add_argument("keys", nargs="+")
     p.add_argument("--force", action="store_true", help="ignore leases and pins")

@@ -71,7 +71,7 @@ def lookup(args: argparse.Namespace) -> dict[str, Any]:
     cfg = cli_settings(args)
     tokens = prompt_tokens(args)
     identity = node_identity(cfg.conductor, args.model, cfg.timeout_s)
-    keys = identity.keys(identity.hashes(tokens))
+    keys = identity.keys(identity.hashes(tokens, getattr(args, "tenant", "")))
     with MasterApi(cfg.master, cfg.timeout_s) as api:
         answer = api.call("MatchPrefix", master_pb2.MatchPrefixRequest(keys=keys))
     bt = identity.block_tokens

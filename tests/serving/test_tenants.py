@@ -6,8 +6,10 @@ conductor that passes the caller's `kvstore-tenant` metadata on to the nodes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -20,6 +22,7 @@ from kvstore.serving.config import ServingConfig, build_engine, namespace
 from kvstore.serving.kv_io import object_keys
 from kvstore.v1 import conductor_pb2 as cpb
 from kvstore.v1 import conductor_pb2_grpc
+from tests.cli.procs import run
 from tests.cluster import Cluster
 from tests.serving.helpers import ServiceProcess, start_nodes
 
@@ -120,3 +123,19 @@ def test_conductor_passes_the_callers_tenant_to_the_nodes(stack: Stack) -> None:
 def test_a_bad_tenant_is_refused_by_the_node(stack: Stack) -> None:
     with pytest.raises(BadRequestError, match="bad tenant"):
         stack.client.prefill(make_spec("x", PROMPT, 1, tenant="a/b"))
+
+
+def test_lookup_finds_a_prompt_only_under_its_tenant(stack: Stack, tmp_path: Path) -> None:
+    """`kvstore lookup --tenant` hashes as the nodes do for that tenant."""
+    prompt = tuple((19 * i + 4) % 256 for i in range(40))
+    stack.client.disaggregated(make_spec("l1", prompt, 1, tenant="hooli"))
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(" ".join(map(str, prompt)))
+    found = {}
+    for tenant in ("hooli", "pied-piper", ""):
+        flags = ("--tenant", tenant) if tenant else ()
+        res = run("lookup", "--tokens", str(tokens), "--conductor", stack.conductor,
+                  "--master", stack.pool.address, "--json", *flags)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        found[tenant] = json.loads(res.stdout)["pool_tokens"]
+    assert found == {"hooli": 32, "pied-piper": 0, "": 0}
