@@ -15,6 +15,12 @@ grant (the master) and check (the node) alone. Targets (issue 10): TCP get with 
 same-host get, secured, >= 0.85x of plain.
 
     python bench/security.py --data-plane [--quick] [--json] [--rounds 5]
+
+`--master-caps`: what issuing capabilities costs the master itself: CPU time of the
+servicer's BatchLookup (1000 keys, reply serialized) in this process, capabilities off
+and on, same state, rounds interleaved (CPU time: robust on a shared host).
+
+    python bench/security.py --master-caps [--json] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -275,6 +281,51 @@ def data_plane(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def master_caps(args: argparse.Namespace) -> dict[str, Any]:
+    from kvstore.master.config import MasterConfig
+    from kvstore.master.metadata import MasterState
+    from kvstore.master.model import Endpoint
+    from kvstore.master.service import MasterServicer
+    from kvstore.security.capabilities import Issuer
+    from kvstore.types import Tier
+
+    state = MasterState(MasterConfig())
+    svc = MasterServicer(state, "epoch")
+    issuer = Issuer()
+    for node in ("n1", "n2"):
+        state.register_node(node, Endpoint())
+        state.mount_segment(node, f"{node}-dram", Tier.DRAM, 1 << 40)
+        issuer.rotate(node)
+    keys = [f"alice/{i:032x}" for i in range(args.keys)]
+    batches = [keys[i : i + args.batch] for i in range(0, len(keys), args.batch)]
+
+    async def prepare() -> None:
+        for part in batches:
+            items = [master_pb2.PutStartItem(key=k, size=4096) for k in part]
+            await svc.PutStart(master_pb2.PutStartRequest(client_id="c", items=items), None)
+            await svc.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=part), None)
+
+    async def lookups(n: int) -> float:
+        start = time.process_time()
+        for i in range(n):
+            req = master_pb2.BatchLookupRequest(keys=batches[i % len(batches)], lease_ttl_ms=5000)
+            (await svc.BatchLookup(req, None)).SerializeToString()
+        return (time.process_time() - start) / n * 1e3
+
+    asyncio.run(prepare())
+    ms: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(args.rounds):
+        for mode in ("off", "on"):
+            svc.caps = issuer if mode == "on" else None
+            ms[mode].append(asyncio.run(lookups(4 * len(batches))))
+    med = {m: statistics.median(v) for m, v in ms.items()}
+    return {
+        "cpu_ms_per_batch": med, "rounds": ms, "batch": args.batch, "keys": args.keys,
+        "on_vs_off": med["off"] / med["on"], "cache_hits": svc.cap_cache.hits,
+        "cache_misses": svc.cap_cache.misses,
+    }  # fmt: skip
+
+
 def print_data_plane(out: dict[str, Any], rounds: int) -> None:
     mib, conns = out["batch_bytes"] // MIB, out["connections"]
     print(f"TCP data plane, {mib} MiB per batch, {conns} connections, median of {rounds} rounds")
@@ -305,6 +356,7 @@ def print_data_plane(out: dict[str, Any], rounds: int) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-plane", action="store_true")
+    p.add_argument("--master-caps", action="store_true")
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--batch", type=int, default=1000)
@@ -315,6 +367,17 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.master_caps:
+        out = master_caps(args)
+        if args.json:
+            print(json.dumps(out, sort_keys=True))
+        else:
+            med = out["cpu_ms_per_batch"]
+            print(f"master BatchLookup of {args.batch} keys, CPU ms per batch (median of "
+                  f"{args.rounds}): capabilities off {med['off']:.2f}, on {med['on']:.2f} -> "
+                  f"{out['on_vs_off']:.2f}x; reply cache {out['cache_hits']} hits, "
+                  f"{out['cache_misses']} misses")  # fmt: skip
+        return 0
     if args.data_plane:
         if args.quick:
             args.rounds, args.repeat = 1, 2

@@ -330,15 +330,17 @@ class CapabilityCache:
         miss = np.nonzero(has & ~valid)[0]
         self.hits += int(valid.sum())
         self.misses += len(miss)
-        by_slot = dict(zip(uniq.tolist(), segs, strict=True))
-        mat = self.caps.view(np.uint8).reshape(-1, CAP_BYTES)
-        for j, slot, off, size in zip(miss.tolist(), slots[miss].tolist(), offs[miss].tolist(),
-                                      sizes[miss].tolist(), strict=True):  # fmt: skip
-            seg = by_slot[slot]
-            out[j] = np.frombuffer(mint(seg.node_id, seg.name, off, size), np.uint8)
-            if keep[j]:
-                mat[rows[j]] = out[j]
-                self.slot[rows[j]] = slot
+        if len(miss):
+            by_slot = {s: (g.node_id, g.name) for s, g in zip(uniq.tolist(), segs, strict=True)}
+            fresh = [
+                mint(*by_slot[slot], off, size)
+                for slot, off, size in zip(slots[miss].tolist(), offs[miss].tolist(),
+                                           sizes[miss].tolist(), strict=True)
+            ]  # fmt: skip
+            out[miss] = np.frombuffer(b"".join(fresh), np.uint8).reshape(-1, CAP_BYTES)
+            stored = miss[keep[miss]]
+            self.caps.view(np.uint8).reshape(-1, CAP_BYTES)[rows[stored]] = out[stored]
+            self.slot[rows[stored]] = slots[stored]
         return out, np.where(has, CAP_BYTES, 0)
 
 
