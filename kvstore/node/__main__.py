@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the DRAM segment by NIXL too (RDMA-capable; costs a spinning core)",
     )  # fmt: skip
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT of /metrics (none: off)")
+    p.add_argument(
+        "--shm-peer-uid", type=int, action="append", default=[],
+        help="secured mode: another uid whose processes may map the DRAM segment (repeatable)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="WARNING")
     return p
 
@@ -99,6 +103,7 @@ def _main(args: argparse.Namespace) -> int:
         hbm_bytes=int(args.hbm_mib * MIB),
         hbm_device=args.hbm_device,
         ssd_direct_io=not args.buffered_ssd,
+        shm_peer_uids=tuple(args.shm_peer_uid),
     )
     run_with_metrics(config, args.metrics_listen)
     return 0
