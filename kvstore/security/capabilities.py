@@ -214,29 +214,28 @@ class Keyring:
         self.node_id = node_id
         self._suffix = b"\0" + node_id.encode()
         self._clock = clock
-        self._key: NodeKey | None = None
-        self._keyed: Any = None
+        self._current: tuple[NodeKey, Any] | None = None  # the key and its MAC state, swapped whole
         self._anchor = (0, 0.0)  # (master clock ms, our monotonic time when we asked)
         self.refused = 0  # requests refused (metrics, tests)
 
     @property
     def ready(self) -> bool:
-        return self._key is not None
+        return self._current is not None
 
     def install(self, secret: bytes, key_id: int, clock_ms: int, sent_at: float) -> None:
         """The key of a RegisterNode reply; `sent_at`: our clock just before sending it."""
-        self._key = NodeKey(secret, key_id, clock_ms)
-        self._keyed = _keyed(secret)
+        key = NodeKey(secret, key_id, clock_ms)
+        self._current = (key, _keyed(secret))
         self._anchor = (clock_ms, sent_at)
 
     def anchor(self, clock_ms: int, sent_at: float) -> None:
         """Re-anchor the master's clock from a Heartbeat reply (sent at `sent_at`)."""
-        if self._key is not None and clock_ms:
+        if self._current is not None and clock_ms:
             self._anchor = (clock_ms, sent_at)
 
     def clear(self) -> None:
         """Forget the key: every request is refused until the next install."""
-        self._key = None
+        self._current = None
 
     def master_now_ms(self) -> float:
         """An upper bound of the master's capability clock now (see the module doc)."""
@@ -252,12 +251,13 @@ class Keyring:
             raise
 
     def _check(self, segment: str, offset: int, length: int, mode: int, data: bytes) -> None:
-        key, keyed = self._key, self._keyed
-        if key is None:
+        current = self._current
+        if current is None:
             raise self._deny(segment, offset, length, mode, f"node {self.node_id!r} has no key yet")
         if len(data) != SIZE:
             why = f"capability of {len(data)} bytes, want {SIZE}" if data else "no capability"
             raise self._deny(segment, offset, length, mode, why)
+        key, keyed = current
         body = data[: _BODY.size]
         if not hmac.compare_digest(data[_BODY.size :], _tag(keyed, body, segment.encode(),
                                                            self._suffix)):  # fmt: skip
