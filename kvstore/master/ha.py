@@ -16,6 +16,11 @@ committed survives the leader's death; a new leader loads the records and restor
 MasterState from them (MasterState.restore), and nodes re-join it when they see the
 epoch change (kvstore.node.membership).
 
+Each leader term runs the security guard of a single master (kvstore.security.guard)
+on its restored state, and honours the read leases of the term before it: the longest
+lease granted is a journal record, and a new leader leases every restored object that
+long (`hold_restored`), so a reader's cached location stays valid across a failover.
+
 Fencing: the leader renews its lease every ttl/4 and stops serving `margin` before the
 lease could have expired in etcd (measured from the send of the last renewal that
 etcd answered); a write that still reaches etcd under an old epoch is refused there.
@@ -33,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import numpy as np
 
 from kvstore import edge
 from kvstore.errors import KVStoreError, NotLeaderError, UnavailableError
@@ -503,11 +509,8 @@ def hold_restored(state: MasterState, lease_s: float) -> None:
     of now. Until then removes are refused (NotReadyError) and eviction skips them."""
     if lease_s <= 0:
         return
-    now = state.clock()
-    for key in list(state.objects):
-        obj = state.objects.get(key)
-        if obj is not None:
-            obj.lease_until = max(obj.lease_until, now + lease_s)
+    rows, lease = state.objects.live_ids(), state.objects.col["lease"]
+    lease[rows] = np.maximum(lease[rows], state.clock() + lease_s)  # one pass, no per-row Python
 
 
 async def connect_with_backoff(coord: Coordinator, ha: HAConfig) -> None:
