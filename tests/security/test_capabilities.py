@@ -5,6 +5,7 @@ PERMISSION_DENIED and nothing is read or written. Real sockets, real TLS handsha
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -356,3 +357,44 @@ def test_stamping_a_batch_grants_each_location_its_own_range(
         with pytest.raises(PermissionDeniedError):
             ring.check("seg", (i + 1) % 3 * 4096, 4096, WRITE, loc.capability)
     assert locs[3].capability == b""  # a node the master gave no key
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another uid needs root")
+@pytest.mark.parametrize("allowed", [(), (65534,)])
+def test_the_fd_gate_checks_the_peer_uid(
+    pair: tuple[Issuer, Keyring], allowed: tuple[int, ...]
+) -> None:
+    """A real process of another uid (nobody), holding a valid capability: refused unless
+    its uid is allowed (NodeConfig.shm_peer_uids)."""
+    issuer, ring = pair
+    server = FdServer(authorize=fd_gate(ring, allowed))
+    server.start()
+    seg = SharedSegment.create(f"kvs-uidtest-dram-{os.getpid():08x}", 64 * KIB)
+    try:
+        seg.serve(server)
+        cap = issuer.grant("n1", seg.name, 0, 64, READ, ttl_s=30)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: become nobody, ask for the fd (modules are loaded)
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                os.close(fetch_fd(server.address, seg.name, capability=cap))
+                os.write(w, b"fd")
+            except BaseException as e:  # reported to the parent
+                os.write(w, str(e).encode()[:500])
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = b""
+        while chunk := os.read(r, 4096):
+            got += chunk
+        os.close(r)
+        os.waitpid(pid, 0)
+        if allowed:
+            assert got == b"fd"
+        else:
+            assert b"uid 65534 is not allowed" in got
+    finally:
+        seg.close()
+        server.stop()
