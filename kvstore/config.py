@@ -14,6 +14,18 @@ config dataclasses. Every value remembers where it came from (`kvstore config sh
     eff.build()        # MasterConfig(...), validated by its __post_init__
     eff.sources        # {"listen": "flag", "node_ttl_s": "kvstore.toml:4", ...}
 
+    [security]                      # kvstore.security.config.SecurityConfig
+    mode = "tls"                    # insecure | tls | token ("" = implied by the files)
+    ca_file = "ca.pem"
+    cert_file = "node.pem"
+    key_file = "node.key"
+    # token_file / secret_file / revoked_file / server_name; `config show` hides `token`
+
+[security] applies to every process started with the file (`apply_security` exports it
+as KVSTORE_SECURITY_* variables, which every server and channel reads). The limits the
+master enforces (max_key_bytes, max_batch, max_objects, tenant_quota_bytes, ...) are
+[master] keys: MasterConfig validates them.
+
 A section is named after its component (`SECTIONS`); its keys are the dataclass's
 fields. An environment variable is KVSTORE_<SECTION>_<FIELD> in upper case. An unknown
 section or key, or a value of the wrong type, is a `ConfigError` (a BadRequestError)

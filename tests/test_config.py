@@ -197,3 +197,25 @@ def test_master_and_admin_command_take_security_from_the_config_file(tmp_path: P
         refused = run("tiers", "--master", address, "--timeout-s", "3")
         assert refused.returncode in (4, 5), refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+def test_security_and_the_masters_limits_in_one_file(tmp_path: Path) -> None:
+    """The trust-boundary limits are [master] settings (MasterConfig validates them);
+    one kvstore.toml carries them beside [security]."""
+    secret, _ = _security_files(tmp_path)
+    path = _file(tmp_path, f'[security]\nmode = "token"\nsecret_file = "{secret}"\n\n'
+                           '[master]\nmax_key_bytes = 512\nmax_objects = 1000\n'
+                           'tenant_quotas = [["acme", 1048576]]\n')  # fmt: skip
+    layers = load(path, {})
+    master = layers.section("master")
+    cfg = master.build()
+    assert (cfg.max_key_bytes, cfg.max_objects, cfg.tenant_quotas) == (
+        512,
+        1000,
+        (("acme", 1 << 20),),
+    )
+    assert master.sources["tenant_quotas"] == f"{path}:8"
+    assert layers.section("security").build().mode == "token"
+    bad = _file(tmp_path, "[master]\nmax_objects = 0\n")
+    with pytest.raises(ConfigError, match=rf"{bad}:2: \[master\] .*max_objects"):
+        load(bad, {}).section("master").build()
