@@ -23,7 +23,7 @@ from kvstore.master import leases
 from kvstore.master.eviction import group_evictable
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import ObjectMeta, ObjectState
-from kvstore.master.objects import NO_READER, SHARED_READER, ObjectTable
+from kvstore.master.objects import NO_READER, ObjectTable
 from kvstore.types import Tier
 
 MAX_LISTED_KEYS = 1000
@@ -246,8 +246,9 @@ class ReaderBook:
         """True when `reader` alone holds every live lease of `obj` and nothing pins it."""
         if not reader or obj.pin_until > now or obj.state is not ObjectState.COMPLETE:
             return False
-        if self._t is not None:
-            return self._t.reader_v[obj.id] == self._t.writer_ids.get(reader, SHARED_READER)
+        if self._t is not None:  # a reader never interned holds nothing (not even SHARED)
+            rid = self._t.writer_ids.get(reader)
+            return rid is not None and self._t.reader_v[obj.id] == rid
         entry = self._by_key.get(obj.key)
         return entry is not None and entry[0] == reader and entry[1] >= obj.lease_until
 

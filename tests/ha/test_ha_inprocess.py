@@ -193,3 +193,27 @@ def test_a_new_leader_honours_the_read_leases_of_the_last(masters: Any) -> None:
         assert time.monotonic() - elected < 1.5 + 1.0  # held no longer than the lease
         assert not other.exists("k")
         new.state.check_integrity()
+
+
+def test_a_shared_lease_blocks_a_remover_the_new_leader_never_saw(masters: Any) -> None:
+    """Found by the Jepsen check after a clean handover: a row leased by the takeover's
+    hold and then by a reader is SHARED, and a remover the new leader had never seen was
+    taken for that shared reader, so its remove went through the reader's live lease."""
+    lt, ms, _ = masters
+    old = wait_leader(ms)
+    addresses = ",".join(m.address for m in ms)
+    opts: dict[str, Any] = {"segment_bytes": 4 << 20, "failover_timeout_s": 10}
+    with Client(addresses, lease_ttl_s=2.0, **opts) as reader, Client(addresses, **opts) as other:
+        reader.put("k", b"v" * 100)
+        assert reader.get("k") == b"v" * 100  # a 2 s lease, cached for 1.6 s
+        cached_until = time.monotonic() + 2.0 * 0.8
+        lt.call(old.stop())  # a clean handover: the next leader within a poll
+        new = wait_leader(ms, not_=old)
+        assert new.state is not None
+        while time.monotonic() < cached_until + 0.1:
+            time.sleep(0.02)  # the reader's cached entry ends; the takeover's hold does not
+        assert new.state.objects["k"].lease_until > new.state.clock()
+        assert reader.get("k") == b"v" * 100  # a lookup on the new leader, under the hold
+        with pytest.raises(NotReadyError):
+            other.remove("k")  # its first call to the new leader
+        assert reader.get("k") == b"v" * 100
