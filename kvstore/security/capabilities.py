@@ -192,6 +192,21 @@ class Minter:
         key = self._keys.get(node_id)
         return key[0].key_id if key is not None else -1
 
+    def mac_of(self, node_id: str, segment: str) -> tuple[Any, bytes] | None:
+        """(keyed MAC state to copy, what follows a body in the MAC's input) for grants on
+        `segment` of `node_id` (None: no key): for callers that pack bodies in bulk."""
+        entry = self._entry(node_id, segment)
+        return None if entry is None else (entry[1], entry[2])
+
+    def _entry(self, node_id: str, segment: str) -> tuple[int, Any, bytes] | None:
+        where = (node_id, segment)
+        entry = self._cache.get(where, False)
+        if entry is False:
+            key = self._keys.get(node_id)
+            entry = None if key is None else (key[0].key_id, key[1], segment.encode() + key[2])
+            self._cache[where] = entry
+        return entry  # type: ignore[return-value]
+
     def __call__(self, node_id: str, segment: str, offset: int, length: int) -> bytes:
         where = (node_id, segment)
         entry = self._cache.get(where, False)
