@@ -4,11 +4,13 @@ grpc-free. A request's tenant is the `kvstore-tenant` metadata the client sends
 (`kvstore.ConductorClient(tenant=...)`, `kvstore generate --tenant`). On a vLLM
 fleet the tenant is vLLM's `cache_salt` (fleet.py): it changes the hash of the first
 block and so of the whole chain, in the conductor's index and in the engine's own
-prefix cache alike. On kvstore's serving nodes the pool keys do not carry a tenant
-(GenerationSpec has no salt), so the conductor keeps a `TenantBook`: the block
-hashes each named tenant's requests have put in the pool, and caps the pool's
-answer for a request at the longest prefix its tenant owns. Requests without a
-tenant ("") are not tracked and see the whole pool, as before.
+prefix cache alike. On kvstore's serving nodes the tenant goes into the request
+(`GenerationSpec.tenant`) and salts the nodes' block hashes the same way
+(kvstore.serving.config.namespace; the conductor hashes with it too), so the pool
+never matches another tenant's blocks. The `TenantBook` (the block hashes each named
+tenant's requests have put in the pool; the pool's answer is capped at the longest
+prefix its tenant owns) stays as a second bound. Requests without a tenant ("") are
+not tracked and share the unsalted space, as before.
 """
 
 from __future__ import annotations
