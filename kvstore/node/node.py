@@ -29,7 +29,7 @@ from kvstore.node.membership import Membership, MountSpec
 from kvstore.node.segments import LocalSegment, create_dram
 from kvstore.node.tasks import TaskWorker
 from kvstore.security.capabilities import Keyring
-from kvstore.security.credentials import data_plane_server
+from kvstore.security.credentials import data_plane_server, revoked_check
 from kvstore.security.process import security_of
 from kvstore.tiers.hbm_segment import HbmSegment
 from kvstore.tiers.shm import FdServer, reclaim_stale_files
@@ -69,14 +69,16 @@ class StorageNode:
         # its DRAM fds only for a capability of an allowed uid, TLS with an mTLS credential.
         self.keyring: Keyring | None = None
         self.fd_server: FdServer | None = None
-        tls = None
+        tls, revoked = None, None
         if config.credentials is not None:
             self.keyring = Keyring(config.node_id)
             self.fd_server = FdServer(authorize=fd_gate(self.keyring, config.shm_peer_uids))
-            tls = data_plane_server(security_of(config))
+            sec = security_of(config)
+            tls = data_plane_server(sec)
+            revoked = revoked_check(sec.revoked_file) if tls and sec.revoked_file else None
         self.server = TransferServer(
             ServerConfig(host=config.listen_host, port=config.tcp_port), tls=tls,
-            keyring=self.keyring,
+            keyring=self.keyring, revoked=revoked,
         )  # fmt: skip
         self._channel: grpc.Channel | None = None
         self.membership: Membership | None = None

@@ -12,9 +12,11 @@ data_plane_client(cfg)    tls: the matching client context (the node's certifica
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import ssl
 import sys
+from collections.abc import Callable
 
 import grpc
 
@@ -98,3 +100,12 @@ def data_plane_client(cfg: SecurityConfig) -> ssl.SSLContext | None:
     ctx.load_verify_locations(cfg.ca_file)
     ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
     return ctx
+
+
+def revoked_check(revoked_file: str) -> Callable[[bytes], bool]:
+    """Whether a peer certificate (DER) is listed in `revoked_file` (re-read when it
+    changes, as the gRPC servers read it): for the data plane's TLS."""
+    from kvstore.security.interceptor import Revocations
+
+    revocations = Revocations(revoked_file)
+    return lambda der: bool(der) and hashlib.sha256(der).hexdigest() in revocations

@@ -102,10 +102,11 @@ class TransferServer:
 
     def __init__(
         self, config: ServerConfig | None = None, *, tls: ssl.SSLContext | None = None,
-        keyring: Keyring | None = None,
+        keyring: Keyring | None = None, revoked: Callable[[bytes], bool] | None = None,
     ) -> None:  # fmt: skip
         self.config = config or ServerConfig()
         self.tls = tls
+        self.revoked = revoked  # TLS: revoked(peer certificate DER) -> drop the connection
         self.keyring = keyring  # secured mode: capabilities checked (see the module doc)
         self._segments: dict[str, memoryview] = {}
         self._shm: dict[str, str | None] = {}  # name -> fd socket of shm segments
@@ -265,6 +266,9 @@ class TransferServer:
         try:
             if isinstance(conn, ssl.SSLSocket):
                 conn.do_handshake()  # a peer that stalls or fails it is dropped
+                if self.revoked is not None and self.revoked(conn.getpeercert(True) or b""):
+                    log.info("transfer connection of a revoked certificate closed")
+                    return
             while not self._stopping.is_set():
                 header = self._recv_header(conn)
                 if header is None:

@@ -398,3 +398,15 @@ def test_the_fd_gate_checks_the_peer_uid(
     finally:
         seg.close()
         server.stop()
+
+
+def test_a_revoked_certificate_is_dropped_by_the_data_plane(pki: Pki) -> None:
+    from kvstore.security.credentials import revoked_check
+
+    data = bytes(range(256)) * 16
+    revoked = revoked_check(str(pki.dir / "revoked.list"))
+    with TransferServer(tls=data_plane_server(pki.tls("n1")), revoked=revoked) as server:
+        server.expose("seg", bytearray(data))
+        with pytest.raises(TransferError):
+            tls_read(server, pki.tls("revoked"))  # signed by the CA, listed as revoked
+        assert tls_read(server, pki.tls("alice-1")) == data
