@@ -38,6 +38,9 @@ LEASE_S = 2
 # effect: a leader's write lands in etcd within its lease (later ones are fenced), and
 # the client's wait began after the leader had the request.
 INFO_GRACE_S = 2 * LEASE_S + 1.0
+EXPECTED_ERRORS = frozenset(
+    {"ExistsError", "NotReadyError", "UnavailableError", "NotLeaderError", "NotFoundError"}
+)
 ROLE_LINE = re.compile(rb"kvstore master (\S+) is now (leader|follower) epoch (\d+)")
 
 
@@ -225,11 +228,15 @@ def run_once(
                            "client_exits": exits, "self_reported_overlaps": terms,
                            "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     errors: dict[str, int] = {}
+    rare: list[str] = []  # the messages of errors other than the expected kinds
     for op in ops:
         if op.error:
-            name = f"{op.f}:{op.error.split(':')[0]}"
-            errors[name] = errors.get(name, 0) + 1
+            kind = op.error.split(":")[0]
+            errors[f"{op.f}:{kind}"] = errors.get(f"{op.f}:{kind}", 0) + 1
+            if kind not in EXPECTED_ERRORS and len(rare) < 10:
+                rare.append(f"{op.f}: {op.error}")
     out["errors"] = dict(sorted(errors.items()))
+    out["rare_errors"] = rare
     out["explained"] = [explain(k, ops) for k in report.violations[:3]]
     with contextlib.suppress(OSError):
         (workdir / "result.txt").write_text("\n\n".join(out["explained"]))
