@@ -172,3 +172,20 @@ def test_a_new_registration_voids_the_old_key(pool: Pool, tmp_path: Path) -> Non
     new = _looked_up(pool, "k").replicas[0]
     status, body = _raw(pool, TransferOp.READ, new.segment, new.offset, new.length, new.capability)
     assert status == wire.Status.OK and body == b"K" * 512
+
+
+def test_extent_puts_carry_the_extents_capability(pool: Pool) -> None:
+    """Small puts placed in the client's extent (GrantExtent's WRITE capability, renewed
+    by each CommitExtent) reach a secured node and read back."""
+    ring = pool.node.keyring
+    assert ring is not None
+    refused = ring.refused
+    values = {f"e{i}": bytes([i]) * (1000 + i) for i in range(20)}
+    with pool.client("alice-1", "tcp", extent_bytes=1 << 20) as c:
+        for key, value in values.items():
+            c.put(key, value)  # one CommitExtent each: the capability is renewed each time
+        extents = c._ctx.extents
+        assert extents.grants >= 1 and extents.fallbacks == 0
+        for key, value in values.items():
+            assert c.get(key) == value
+    assert ring.refused == refused
