@@ -53,6 +53,7 @@ def print_hits(report: dict) -> None:
 def print_serving(s: dict) -> None:
     print(
         f"\n== serving: first {s['window_s']:g} s of the trace ({s['requests']} requests, "
+        f"{s['too_long']} longer than every node's context, rejected; "
         f"{s['base_rate']:.2f} req/s), arrivals scaled; SLO TTFT {s['slo']['ttft_s']} s, "
         f"TBT {s['slo']['tbt_s']} s; planner observes {s['planner_window']} =="
     )
@@ -112,6 +113,21 @@ def print_online(o: dict) -> None:
             )
         flips = ", ".join(f"{f['node']}->{f['role']} at {f['t']:.0f}s" for f in sc["flips"])
         print(f"  flips: {flips or 'none'}")
+    sweep = o.get("sweep")
+    if not sweep:
+        return
+    print(f"\n== online role flips on {len(sweep['mixes'])} random mixes (seed {sweep['seed']}) ==")
+    print(f"  {'mix':<7}{'first phase':<30}{'second phase':<30}{'split':>6}{'static':>8}"
+          f"{'online':>8}  flips")  # fmt: skip
+    for m in sweep["mixes"]:
+        def phase(p: dict) -> str:
+            return f"{p['source']} load {p['load']:.2f} out x{p['output_factor']:.1f}"
+
+        flips = ", ".join(f"{f['node']}->{f['role']} {f['t']:.0f}s" for f in m["flips"])
+        print(f"  {m['name']:<7}{phase(m['first']):<30}{phase(m['second']):<30}"
+              f"{m['start_split']:>6}{m['static']['all']:>8.1%}{m['online']['all']:>8.1%}"
+              f"  {flips or 'none'}")  # fmt: skip
+    print(f"  worst online - static: {sweep['worst_online_minus_static']:+.3f}")
 
 
 def print_hardware(hw: dict) -> None:

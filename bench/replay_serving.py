@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 from kvstore.conductor.planner import SplitChoice
-from kvstore.conductor.profiles import load_profile
+from kvstore.conductor.profiles import data_dir, load_profile
 from kvstore.conductor.roles import BalancerConfig, RoleBalancer
 from kvstore.errors import BadRequestError
 from kvstore.sim.cache import TierCapacity, blocks_for_tokens
@@ -21,9 +21,10 @@ from kvstore.sim.metrics import (
     summarize,
 )
 from kvstore.sim.metrics import goodput as goodput_of
-from kvstore.sim.replay import Outcome, Slo
-from kvstore.sim.search import Pool, balancer_control, plan_split, run_split
-from kvstore.sim.traces import TraceLoad, TraceRequest, read_trace, scale_rate, window
+from kvstore.sim.mixes import random_mixes, shifted_mix
+from kvstore.sim.replay import Outcome, Slo, split_too_long
+from kvstore.sim.search import Pool, balancer_control, plan_split, run_split, split_specs
+from kvstore.sim.traces import TraceLoad, read_trace, scale_rate, window
 
 KV_TOKENS_PER_NODE = 480_000  # (4 x 80 GB - 140 GB weights) * 0.9 / 320 KiB per token
 MODES = ("colocated", "disaggregated", "conditional", "flexible")
@@ -38,28 +39,30 @@ def make_pool(args: argparse.Namespace, pooled: bool = True) -> Pool:
 
 
 class Windows:
-    """The serving window and, before it is judged, the window the planner observes."""
+    """The serving window and, never judged, the windows the planner observes."""
 
     def __init__(self, load: TraceLoad, args: argparse.Namespace) -> None:
         self.length = args.window_s
         self.serve = window(load, 0.0, args.window_s)
         if not self.serve.requests:
             raise BadRequestError(f"no request in the first {args.window_s} s of the trace")
-        observed = window(load, args.window_s, args.window_s)
-        # the planner sees the next window of the trace (other requests, the same kind of
+        # the planner sees the next windows of the trace (other requests, the same kind of
         # traffic); a trace too short for one falls back to the serving window itself
-        self.own_window = not observed.requests
-        self.observed = self.serve if self.own_window else observed
+        seen = [window(load, args.window_s * (i + 1), args.window_s)
+                for i in range(args.planner_windows)]  # fmt: skip
+        self.observed = [w for w in seen if w.requests]
+        self.own_window = not self.observed
+        if self.own_window:
+            self.observed = [self.serve]
         self.base_rate = len(self.serve.requests) / args.window_s
-        self.observed_rate = len(self.observed.requests) / args.window_s
 
     def at(self, rate: float) -> TraceLoad:
         return scale_rate(self.serve, rate / self.base_rate)
 
-    def observed_at(self, rate: float) -> tuple[TraceLoad, float]:
-        """The observed window scaled to `rate`, and its length in seconds."""
-        factor = rate / self.observed_rate
-        return scale_rate(self.observed, factor), self.length / factor
+    def observed_at(self, rate: float) -> tuple[list[TraceLoad], float]:
+        """The observed windows, each scaled to `rate`, and their length in seconds."""
+        scaled = [scale_rate(w, rate * self.length / len(w.requests)) for w in self.observed]
+        return scaled, sum(len(w.requests) for w in self.observed) / len(self.observed) / rate
 
 
 def _summary(outs: list[Outcome], slo: Slo) -> LatencySummary:
@@ -128,9 +131,12 @@ def _serving_report(
     out: dict = {
         "window_s": args.window_s,
         "requests": len(sv.win.serve.requests),
+        # longer than every node's context: rejected (counted as missed) in every mode
+        "too_long": len(split_too_long(sv.win.serve, split_specs(sv.pool, 0))[1]),
         "base_rate": sv.win.base_rate,
         "planner_window": "serving window (trace too short)" if sv.win.own_window else
-        f"[{args.window_s:g}, {2 * args.window_s:g}) s of the trace",
+        f"[{args.window_s:g}, {(1 + len(sv.win.observed)) * args.window_s:g}) s of the trace "
+        f"({len(sv.win.observed)} windows)",
         "slo": asdict(sv.slo),
         "modes": {},
         "goodput": {},
@@ -171,6 +177,8 @@ def _planner_row(
         "chosen_cache_load_split": plain.prefill_nodes,
         "chosen_cache_load": fixed[plain.prefill_nodes],
         "cache_load_met": plain.met,
+        "cache_load_reason": plain.reason,
+        "cache_load_tried_on_observed": {str(t): v for t, v in plain.tried.items()},
         "best_fixed": best,
         "best_fixed_attained": fixed[best],
         "fixed": {str(t): v for t, v in fixed.items()},
@@ -227,16 +235,6 @@ def _locality_row(rate: float, pooled: bool, policy: str, outs: list[Outcome], s
 # -- online role flips ----------------------------------------------------------------
 
 
-def shifted_mix(first: TraceLoad, second: TraceLoad, at_s: float) -> TraceLoad:
-    """`first`'s requests, then `second`'s from `at_s` on (block ids moved past first's)."""
-    offset = 1 + max((b for r in first.requests for b in r.blocks), default=0)
-    reqs = list(first.requests)
-    for r in second.requests:
-        blocks = tuple(b + offset for b in r.blocks)
-        reqs.append(TraceRequest(len(reqs), r.arrival_s + at_s, r.input_len, r.output_len, blocks))
-    return TraceLoad(tuple(reqs))
-
-
 def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
     """Mixes that shift mid-run, each served twice in the same run: from the planner's
     split for the first half held fixed, and from that split with the online balancer
@@ -244,8 +242,6 @@ def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
     the trace's window; the second half the shipped Azure conversation trace's short
     prompts, as they are ("lighter") and at `--online-decode-scale` x the rate with
     outputs that many times longer ("decode-heavy")."""
-    from kvstore.conductor.profiles import data_dir
-
     sv = Serving(load, args)
     half = args.window_s / 2
     first = scale_rate(window(sv.win.serve, 0.0, half), args.online_scale)
@@ -261,16 +257,39 @@ def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
     ]
     out = []
     for name, second, what in scenarios:
-        row = _shift(sv, first, second, half, start)
+        row = _shift(sv, shifted_mix(first, second, half), len(first.requests), start)
         row.update(name=name, first=f"{len(first.requests)} requests of the trace "
                    f"({rate:.2f} req/s)", second=f"{len(second.requests)} {what}")  # fmt: skip
         out.append(row)
-    return {"scenarios": out}
+    return {"scenarios": out, "sweep": _sweep(sv, load, azure, half)}
 
 
-def _shift(sv: Serving, first: TraceLoad, second: TraceLoad, half: float, start: int) -> dict:
-    """One shifting mix: static split vs online flips (same requests, same run)."""
-    mix = shifted_mix(first, second, half)
+def _sweep(sv: Serving, load: TraceLoad, azure: TraceLoad, half: float) -> dict:
+    """`--online-mixes` random shifting mixes (seed `--online-seed`) drawn from the trace and
+    the Azure conversation trace, each phase's load a random share of the pool (0.4-1.4
+    by the demand model) and its outputs stretched 0.5-4x; each from the planner's split
+    for its first phase, static vs online flips."""
+    args = sv.args
+    same = args.trace.resolve() == (data_dir() / "azure_conv_2023.csv").resolve()
+    sources = {"trace": load} if same else {"trace": load, "azure": azure}
+    mixes = random_mixes(sources, args.online_mixes, half, sv.pool, sv.slo,
+                         seed=args.online_seed)  # fmt: skip
+    rows = []
+    for mix in mixes:
+        first = TraceLoad(mix.load.requests[: mix.cut])
+        plan = plan_split(first, sv.pool, sv.slo, half, "flexible")
+        # colocated gives the balancer nothing to flip: then the best split tried
+        start = plan.prefill_nodes or max((k for k in plan.tried if k), key=plan.tried.get)
+        row = _shift(sv, mix.load, mix.cut, start)
+        row.update(name=mix.name, first=asdict(mix.first), second=asdict(mix.second))
+        rows.append(row)
+    worst = min(r["online"]["all"] - r["static"]["all"] for r in rows)
+    return {"seed": args.online_seed, "mixes": rows, "worst_online_minus_static": worst}
+
+
+def _shift(sv: Serving, mix: TraceLoad, cut: int, start: int) -> dict:
+    """One shifting mix (`cut` = requests before the shift): static split vs online flips
+    (same requests, same run)."""
     balancer = RoleBalancer(
         sv.pool.latency, sv.slo.tbt_s, sv.pool.kv_capacity_tokens,
         BalancerConfig(period_s=sv.args.online_period_s), transfer=sv.pool.transfer,
@@ -287,7 +306,6 @@ def _shift(sv: Serving, first: TraceLoad, second: TraceLoad, half: float, start:
     adaptive = run_split(
         mix, sv.pool, start, "flexible", sv.slo, type(control)(record, control.period_s)
     )
-    cut = len(first.requests)
     return {
         "start_split": start,
         "static": _halves(static, cut, sv.slo),

@@ -14,6 +14,12 @@ def targets(report: dict) -> dict:
     if s:
         res.update(_roles(s))
         res.update(_planner(s))
+    on = report.get("online")
+    if on:
+        mixes = [*on["scenarios"], *on.get("sweep", {}).get("mixes", [])]
+        res["online_ge_fixed_minus_0.01_on_every_mix"] = [
+            m["online"]["all"] >= m["static"]["all"] - ROLE_SLACK for m in mixes
+        ]
     hw = report.get("hardware")
     if hw:
         res["splitwise_ha_vs_h100"] = hw["ratios"].get("Splitwise-HA vs Baseline-H100")

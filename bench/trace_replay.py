@@ -64,11 +64,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tbt-slo", type=float, default=0.2, help="TBT (TPOT) objective, seconds")
     p.add_argument("--serve-pool-tokens", type=float, default=1e7, help="pool size in part 2")
     p.add_argument("--bisect", type=int, default=3, help="goodput refinement steps per mode")
+    p.add_argument(
+        "--planner-windows", type=int, default=2,
+        help="windows after the serving window that the planner observes",
+    )  # fmt: skip
     p.add_argument("--parts", default=",".join(PARTS), help=f"which parts: {','.join(PARTS)}")
     p.add_argument("--online-scale", type=float, default=1.0, help="rate factor, first half")
     p.add_argument("--online-period-s", type=float, default=30.0, help="balancer period")
     shift_help = "decode-heavy shift: rate and output factor of the second half"
     p.add_argument("--online-decode-scale", type=float, default=4.0, help=shift_help)
+    p.add_argument("--online-mixes", type=int, default=6, help="random shifting mixes, online")
+    p.add_argument("--online-seed", type=int, default=0, help="seed of the random mixes")
     p.add_argument("--machines", type=int, default=8, help="DGX machines, hardware part")
     p.add_argument(
         "--no-hw-search",
@@ -90,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.hw_search = False
     if args.nodes <= 0 or args.gpus <= 1 or not 0 < args.prefill_nodes < args.gpus:
         p.error("need --nodes > 0, --gpus > 1 and 0 < --prefill-nodes < --gpus (empty cluster)")
+    if args.planner_windows < 1 or args.online_mixes < 1:
+        p.error("need --planner-windows >= 1 and --online-mixes >= 1")
     if args.machines < 2 or args.placement_gpus < 2:
         p.error("need --machines >= 2 and --placement-gpus >= 2 (empty cluster)")
     args.part_set = set(args.parts.split(","))

@@ -2,10 +2,10 @@
 
 A *split* of `total` nodes is `k` PREFILL + `total - k` DECODE nodes, or every node
 COLOCATED for `k = 0`. `run_split` simulates one split under one policy; `plan_split` is
-the planner: the demand split of `plan_pools` on an observed window, refined by
-`search_split` with the simulator as its evaluator on that window (never on the requests
-it will be judged on); `balancer_control` lets a `RoleBalancer` flip roles while a
-simulation runs.
+the planner: the demand split of `plan_pools` on observed windows, refined with the
+simulator as its evaluator on those windows (never on the requests it will be judged
+on): every split for pools of up to 16 nodes, else `search_split` around the demand
+split; `balancer_control` lets a `RoleBalancer` flip roles while a simulation runs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 
 from kvstore.conductor.api import Role
 from kvstore.conductor.latency import LatencyModel, TransferModel
-from kvstore.conductor.planner import ObservedLoad, SplitChoice, plan_pools, search_split
+from kvstore.conductor.planner import (
+    EXHAUSTIVE_MAX,
+    ObservedLoad,
+    SplitChoice,
+    plan_pools,
+    rank_splits,
+    search_split,
+)
 from kvstore.conductor.registry import make_policy
 from kvstore.conductor.roles import RoleBalancer
 from kvstore.errors import BadRequestError
@@ -24,7 +31,7 @@ from kvstore.sim.cache import TierCapacity
 from kvstore.sim.cluster import NodeSpec, SimCluster, uniform_nodes
 from kvstore.sim.metrics import LatencySummary, summarize
 from kvstore.sim.replay import Control, Outcome, Slo, simulate, to_request
-from kvstore.sim.traces import TraceLoad, TraceRequest
+from kvstore.sim.traces import TraceLoad, TraceRequest, scale_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +103,41 @@ def demand_split(load: TraceLoad, pool: Pool, slo: Slo, window_s: float) -> int:
     return plan.prefill_nodes
 
 
+HEADROOM = 1.25  # ties between splits: judged again at this much more load
+
+
 def plan_split(
-    observed: TraceLoad, pool: Pool, slo: Slo, window_s: float, policy: str, radius: int = 2
+    observed: TraceLoad | Sequence[TraceLoad],
+    pool: Pool,
+    slo: Slo,
+    window_s: float,
+    policy: str,
+    radius: int = 2,
 ) -> SplitChoice:
-    """The planner: demand split on `observed`, refined by simulating `observed` itself."""
-    start = demand_split(observed, pool, slo, window_s)
+    """The planner: the demand split of the observed windows (each `window_s` long), then
+    every split simulated on them (`rank_splits`; ties judged at `HEADROOM` x the load)
+    when the pool has at most `EXHAUSTIVE_MAX` nodes, else `search_split` around the
+    demand split on their mean. Never simulates the requests it will be judged on."""
+    wins = [observed] if isinstance(observed, TraceLoad) else list(observed)
+    if not wins or not all(w.requests for w in wins):
+        raise BadRequestError("the planner needs at least one observed window with requests")
+    joined = TraceLoad(tuple(r for w in wins for r in w.requests))
+    start = demand_split(joined, pool, slo, window_s * len(wins))
+    memo: dict[tuple[int, int, float], float] = {}
+
+    def att(k: int, w: int, more: float = 1.0) -> float:
+        if (k, w, more) not in memo:
+            load = wins[w] if more == 1.0 else scale_rate(wins[w], more)
+            memo[k, w, more] = attainment(load, pool, k, policy, slo).attained
+        return memo[k, w, more]
+
+    if pool.total <= EXHAUSTIVE_MAX:
+        return rank_splits(
+            att, len(wins), pool.total, start,
+            headroom=lambda k: sum(att(k, w, HEADROOM) for w in range(len(wins))) / len(wins),
+        )  # fmt: skip
     return search_split(
-        lambda k: attainment(observed, pool, k, policy, slo).attained,
+        lambda k: sum(att(k, w) for w in range(len(wins))) / len(wins),
         pool.total,
         start,
         radius=radius,

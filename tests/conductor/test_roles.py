@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.conductor.api import Request, Role
-from kvstore.conductor.planner import search_split
+from kvstore.conductor.planner import rank_splits, search_split
 from kvstore.conductor.roles import BalancerConfig, Flip, RoleBalancer
 from kvstore.errors import BadRequestError
 from tests.conductor.helpers import LAT, node
@@ -37,6 +37,34 @@ def test_search_prefers_colocated_when_it_wins_and_says_when_nothing_meets() -> 
     )
     with pytest.raises(BadRequestError):
         search_split(lambda k: 1.0, 1, start=1)
+
+
+def test_rank_splits_tries_every_split_and_decides_by_the_mean_over_windows() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def evaluate(k: int, w: int) -> float:  # window 0 peaks at 6 prefill nodes, window 1 at 2
+        calls.append((k, w))
+        return 0.3 if k == 0 else 1.0 - (k - (6 if w == 0 else 2)) ** 2 / 50
+
+    got = rank_splits(evaluate, 2, 10, start=5, shortlist=4)
+    assert [k for k, w in calls if w == 0] == list(range(10))  # every split on window 0
+    assert sorted(k for k, w in calls if w == 1) == [4, 5, 6, 7]  # its 4 best on window 1
+    # means: 4 -> 1 - (4 + 4) / 100 = 0.92; 5 and 7 -> 0.90 and 0.74; 6 -> 0.84
+    assert (got.prefill_nodes, got.met) == (4, True) and got.score == pytest.approx(0.92)
+    assert "4 best on 2 windows" in got.reason
+
+
+def test_rank_splits_breaks_ties_by_headroom_and_says_when_nothing_meets() -> None:
+    flat = rank_splits(lambda k, w: 0.95 if 2 <= k <= 5 else 0.1, 1, 8, start=2,
+                       headroom=lambda k: {2: 0.5, 3: 0.8, 4: 0.8, 5: 0.6}[k])  # fmt: skip
+    assert flat.prefill_nodes == 3  # 3 and 4 keep the most headroom; 3 is nearer the start
+    assert "ties by headroom 2: 0.500, 3: 0.800, 4: 0.800, 5: 0.600" in flat.reason
+    low = rank_splits(lambda k, w: 0.05 * k, 2, 6, start=2)
+    assert (low.prefill_nodes, low.met) == (5, False)
+    assert low.reason.startswith("no split tried meets the objectives (attainment >= 0.9)")
+    assert "closest: 5 prefill at 0.250" in low.reason
+    with pytest.raises(BadRequestError):
+        rank_splits(lambda k, w: 1.0, 0, 4, start=1)
 
 
 def _period(prompt: int, output: int, n: int = 60) -> list[Request]:

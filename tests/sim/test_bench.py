@@ -80,6 +80,13 @@ def test_bench_json_on_small_trace(tmp_path: Path) -> None:
     assert [sc["name"] for sc in shifts] == ["lighter", "decode-heavy"]
     for sc in shifts:
         assert set(sc["static"]) == {"first", "second", "all"} == set(sc["online"])
+    sweep = report["online"]["sweep"]  # 6 random mixes (seed 0), static vs online each
+    assert (len(sweep["mixes"]), sweep["seed"]) == (6, 0)
+    gaps = [m["online"]["all"] - m["static"]["all"] for m in sweep["mixes"]]
+    assert sweep["worst_online_minus_static"] == min(gaps)
+    never_worse = report["targets"]["online_ge_fixed_minus_0.01_on_every_mix"]
+    assert never_worse == [g >= -0.01 for g in [
+        sc["online"]["all"] - sc["static"]["all"] for sc in shifts] + gaps]  # fmt: skip
     fit = report["calibration"]["llama2-70b/a100-tp4"]
     assert fit["points"] > 0 and 0 < fit["decode_mean_rel_err"] < fit["decode_max_rel_err"]
     assert report["calibration"]["opt-13b/a100-tp1"] is None  # published coefficients only
@@ -117,3 +124,39 @@ def test_bench_rejects_bad_inputs(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "impossible objectives" in proc.stderr
     proc = _bench("--trace", str(bad), "--gpus", "1", "--prefill-nodes", "1")
     assert proc.returncode == 2 and "empty cluster" in proc.stderr
+
+
+def _lengths_trace(path: Path, prompts: list[int]) -> None:
+    """One request every 0.5 s with the given prompt lengths, 16-token answers."""
+    lines, block = [], 0
+    for i, n in enumerate(prompts):
+        ids = list(range(block, block + -(-n // 512)))
+        block += len(ids)
+        lines.append(json.dumps({"timestamp": 500 * i, "input_length": n,
+                                 "output_length": 16, "hash_ids": ids}))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_bench_counts_requests_beyond_every_context_and_refuses_a_trace_of_them(
+    tmp_path: Path,
+) -> None:
+    """OPT-13B serves 2,048 tokens: longer requests are rejected and counted; a trace of
+    nothing else is refused with the count; an unknown hardware profile lists those known."""
+    opt = ["--profile", "opt-13b/a100-tp1", "--gpus", "3", "--prefill-nodes", "1",
+           "--window-s", "30", "--scales", "1", "--bisect", "0", "--no-plots",
+           "--ttft-slo", "1", "--tbt-slo", "0.1", "--parts", "serving"]  # fmt: skip
+    mixed = tmp_path / "mixed.jsonl"
+    _lengths_trace(mixed, [3000 if i % 4 == 0 else 600 for i in range(40)])
+    proc = _bench("--trace", str(mixed), "--json", *opt)
+    assert proc.returncode == 0, proc.stderr
+    serving = json.loads(proc.stdout)["serving"]
+    assert (serving["requests"], serving["too_long"]) == (40, 10)
+    for pts in serving["modes"].values():  # rejected, and so missed, in every mode
+        assert all(p["rejected"] >= 10 and p["attained"] <= 0.75 for p in pts)
+    too_long = tmp_path / "long.jsonl"
+    _lengths_trace(too_long, [3000] * 8)
+    proc = _bench("--trace", str(too_long), *opt)
+    assert proc.returncode == 2
+    assert "all 8 requests exceed every node's context (2048 tokens)" in proc.stderr
+    proc = _bench("--trace", str(too_long), "--profile", "llama2-70b/b200-tp8")
+    assert proc.returncode == 2 and "llama2-70b/a100-tp4" in proc.stderr  # the choices
