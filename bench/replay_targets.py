@@ -77,7 +77,17 @@ def _planner(s: dict) -> dict:
         best = row["best_fixed_attained"]
         same.append(row["chosen_cache_load"] / best if best else None)
         flex.append(row["chosen_flexible"] / best if best else None)
+    best_gp = max(s["split_goodput"].values())
     return {
+        # DistServe's goodput (highest swept rate with >= 90% attainment there and below) of
+        # the planner's split per load, against the best fixed split's (swept rates only)
+        "planner_goodput_vs_best_fixed (cache_load)": _gp(s["planner"], "chosen_cache_load")
+        / best_gp
+        if best_gp
+        else None,
+        "planner_goodput_vs_best_fixed (flexible)": _gp(s["planner"], "chosen_flexible") / best_gp
+        if best_gp
+        else None,
         "planner_vs_best_fixed (cache_load planned and run)": same,
         "planner_vs_best_fixed (flexible planned and run)": flex,
         "planner_within_5pct_at_every_load (cache_load)": [
@@ -87,3 +97,12 @@ def _planner(s: dict) -> dict:
             r is None or r >= PLANNER_SHARE for r in flex
         ],
     }
+
+
+def _gp(rows: list[dict], key: str) -> float:
+    best = 0.0
+    for row in sorted(rows, key=lambda r: r["rate"]):
+        if row[key] < 0.9:
+            break
+        best = row["rate"]
+    return best
