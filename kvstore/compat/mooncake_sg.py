@@ -5,7 +5,10 @@ replica) in one batch, with no staging copy.
 The client's own operations move one contiguous view per object; these two run on the
 same machinery (its OpContext, master calls and data path) with several local views per
 object at consecutive remote offsets. The checksum a put commits (and a get verifies)
-is xxh3_64 of the concatenation, computed over the parts in order. They try one replica
+is xxh3_64 of the concatenation, computed over the parts in order. A replica in memory
+this process maps (its own lent segment, a same-host node's shared memory) is copied
+in place, chunk by chunk, each chunk hashed right after it is copied (one pass over
+the bytes instead of a copy and a hash); the others go as one transfer batch. They try one replica
 and do not retry: a key whose transfer or checksum fails comes back as a TransferError
 or CorruptError, and the facade puts or reads it once more through the client's own path
 (staged, with its retries over replicas, node fencing and corruption reports).
@@ -76,9 +79,15 @@ def put_parts_op(
         flat = [(i, loc) for i, locs in started.items() for loc in locs]
         descs = yield from resolve(ctx, [loc for _, loc in flat])
         transfers, owners = [], []
+        local: list[tuple[int, memoryview, int, bool]] = []  # key, segment, offset, hash it
         for (i, loc), desc in zip(flat, descs, strict=True):
             if desc is None:
                 results[i] = results[i] or TransferError(f"segment {loc.segment!r} is gone")
+                continue
+            mem = ctx.data.mapped(desc, loc.capability)
+            if mem is not None:  # this process maps it: copy in place, hashing as it goes
+                first = ctx.config.checksums and all(j != i for j, *_ in local)
+                local.append((i, mem, loc.offset, first))
                 continue
             offset = loc.offset
             for part in parts[i]:
@@ -89,6 +98,14 @@ def put_parts_op(
         for i, err in zip(owners, batch.errors, strict=True):
             if err is not None and results[i] is None:
                 results[i] = _as_error(err)
+        sums: dict[int, int] = {}
+        if local:
+            copied = yield Io(lambda: [_copy_in(parts[i], m, off, h) for i, m, off, h in local])
+            for (i, _, _, hashed), res in zip(local, copied, strict=True):
+                if isinstance(res, KVStoreError):
+                    results[i] = results[i] or res
+                elif hashed:
+                    sums[i] = res
     except KVStoreError:
         yield from _revoke(ctx, [keys[i] for i in started])
         raise
@@ -96,7 +113,7 @@ def put_parts_op(
     if ok:
         end_req = master_pb2.PutEndRequest(client_id=ctx.config.id, keys=[keys[i] for i in ok])
         if ctx.config.checksums:
-            end_req.checksums.extend([digest(parts[i]) for i in ok])
+            end_req.checksums.extend([sums[i] if i in sums else digest(parts[i]) for i in ok])
         end = yield Rpc("PutEnd", end_req)
         for i, status in zip(ok, end.results, strict=True):
             results[i] = error_for(status.code, status.message)
@@ -212,6 +229,24 @@ def _read(ctx: OpContext, plan: Sequence[_Read], parts: Sequence[Parts],
 
 
 COPY_CHUNK = 256 << 10  # fits in L2: each chunk is hashed right after it is copied
+
+
+def _copy_in(parts: Parts, mem: memoryview, offset: int, hash_it: bool) -> int | KVStoreError:
+    """Copy `parts` in order to mem[offset:]; the xxh3_64 of the bytes when `hash_it`
+    (each chunk hashed right after it is copied, while in cache), else 0."""
+    n = sum(p.nbytes for p in parts)
+    if offset < 0 or offset + n > mem.nbytes:
+        return TransferError(f"range [{offset}, +{n}) is outside the mapped segment")
+    h = xxhash.xxh3_64() if hash_it else None
+    pos = offset
+    for view in parts:
+        for start in range(0, view.nbytes, COPY_CHUNK):
+            chunk = view[start : start + COPY_CHUNK]
+            mem[pos : pos + chunk.nbytes] = chunk
+            pos += chunk.nbytes
+            if h is not None:
+                h.update(chunk)
+    return h.intdigest() if h is not None else 0
 
 
 def _copy_out(views: Parts, mem: memoryview, offset: int, verify: bool) -> int | KVStoreError:
