@@ -19,6 +19,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from kvstore.compat import mooncake_admin
@@ -352,10 +353,13 @@ class StoreCore:
                     config: object, upsert: bool) -> list[int]:  # fmt: skip
         if not len(keys) == len(ptrs) == len(sizes):
             return [BAD] * len(keys)
+        groups = getattr(config, "group_ids", None)
+        if groups is not None and len(groups) != len(keys):
+            return [BAD] * len(keys)  # one group id per key
         views, out = views_at(ptrs, sizes)
         good = [i for i, v in enumerate(views) if v is not None]
-        codes = self._batch([keys[i] for i in good], lambda: [views[i] for i in good], config,
-                            upsert)  # fmt: skip
+        codes = self._batch([keys[i] for i in good], lambda: [views[i] for i in good],
+                            _config_for(config, good), upsert)  # fmt: skip
         for i, code in zip(good, codes, strict=True):
             out[i] = code
         return out
@@ -556,6 +560,20 @@ def _from_dict(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(kw.get("tenant_id"), str) and not kw["tenant_id"].strip():
         kw["tenant_id"] = "default"
     return {"local_hostname": cfg["local_hostname"], **kw}
+
+
+_CONFIG_FIELDS = ("replica_num", "soft_pin_action", "soft_pin_ttl_ms", "with_soft_pin",
+                  "with_hard_pin")  # what put_options reads, besides group_ids  # fmt: skip
+
+
+def _config_for(config: object, idx: Sequence[int]) -> object:
+    """`config` for the keys `idx` of a batch: its group ids picked per key (the other
+    settings are the batch's)."""
+    groups = getattr(config, "group_ids", None)
+    if config is None or groups is None:
+        return config
+    fields = {f: getattr(config, f) for f in _CONFIG_FIELDS if hasattr(config, f)}
+    return SimpleNamespace(**fields, group_ids=[groups[i] for i in idx])
 
 
 def _distinct(opts: list[dict[str, Any]]) -> list[dict[str, Any]]:

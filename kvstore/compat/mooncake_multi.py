@@ -19,7 +19,15 @@ from typing import Any
 from kvstore.client.writes import PutOptions
 from kvstore.compat.mooncake_codes import ErrorCode, code_of, put_code
 from kvstore.compat.mooncake_config import put_options
-from kvstore.compat.mooncake_core import BAD, OK, StoreCore, _distinct, per_key, view_at
+from kvstore.compat.mooncake_core import (
+    BAD,
+    OK,
+    StoreCore,
+    _config_for,
+    _distinct,
+    per_key,
+    view_at,
+)
 from kvstore.compat.mooncake_sg import get_parts_op, put_parts_op
 from kvstore.errors import BadRequestError, CorruptError, TransferError
 from kvstore.types import check_key
@@ -101,16 +109,19 @@ class MultiBufferApi(StoreCore):
                 parts[i] = _coalesced(ptrs, sizes)
             except BadRequestError:
                 out[i] = BAD
+        groups = getattr(config, "group_ids", None)
+        if groups is not None and len(groups) != len(keys):
+            return [BAD] * len(keys)  # one group id per key
         whole = [i for i, ps in parts.items() if len(ps) == 1]
         codes = self._batch([keys[i] for i in whole], lambda: [parts[i][0] for i in whole],
-                            config, False)  # fmt: skip
+                            _config_for(config, whole), False)  # fmt: skip
         for i, code in zip(whole, codes, strict=True):
             out[i] = code
         scattered = [i for i, ps in parts.items() if len(ps) > 1]
         if scattered:
-            sub_keys = [keys[i] for i in scattered]
+            sub_keys, sub_config = [keys[i] for i in scattered], _config_for(config, scattered)
             res = self._call(lambda c: self._put_scattered(c, sub_keys,
-                             [parts[i] for i in scattered], config), put_code)  # fmt: skip
+                             [parts[i] for i in scattered], sub_config), put_code)  # fmt: skip
             for i, code in zip(scattered, per_key(res, len(scattered)), strict=True):
                 out[i] = code
         return out

@@ -231,6 +231,26 @@ def test_scattered_multi_buffers_move_without_staging(
     assert (not staged) if zero_copy else staged.count(1) == 4 and staged.count(2) >= 4
 
 
+def test_group_ids_per_key_across_mixed_multi_buffer_batches(
+    store: MooncakeDistributedStore,
+) -> None:  # fmt: skip
+    """group_ids name one group per key of the whole call, whichever path each key
+    takes (adjacent buffers, scattered buffers) or when another key is refused."""
+    a = np.arange(4 * 1024, dtype=np.uint8).reshape(4, 1024)
+    ptrs = [[a[0].ctypes.data, a[1].ctypes.data], [a[0].ctypes.data, a[2].ctypes.data], [0]]
+    sizes = [[1024, 1024], [1024, 1024], [8]]
+    cfg = ReplicateConfig(group_ids=["g-adj", "g-sc", "g-bad"])
+    codes = store.batch_put_from_multi_buffers(["adj", "sc", "bad"], ptrs, sizes, cfg)
+    assert codes == [0, 0, BAD]
+    assert store.get("adj") == a[:2].tobytes()
+    assert store.get("sc") == a[0].tobytes() + a[2].tobytes()
+    short = ReplicateConfig(group_ids=["only-one"])
+    assert store.batch_put_from_multi_buffers(["x1", "x2"], ptrs[:2], sizes[:2], short) == [BAD] * 2
+    assert store.batch_put_from(["y1", "y2"], [a[3].ctypes.data, 0], [8, 8],
+                                ReplicateConfig(group_ids=["g1", "g2"])) == [0, BAD]  # fmt: skip
+    assert store.is_exist("x1") == 0 and store.get("y1") == a[3, :8].tobytes()
+
+
 def test_tensor_api(store: MooncakeDistributedStore) -> None:
     t = torch.randn(4, 6)
     assert store.put_tensor("t", t) == 0 and torch.equal(store.get_tensor("t"), t)
