@@ -85,6 +85,13 @@ def not_leader(leader: str, why: str) -> str:
     return f"{NotLeaderError.PREFIX}: leader is {leader or 'unknown'} ({why})"
 
 
+def unknown(method: str, exc: Exception) -> str:
+    """The message of a write whose outcome is unknown. It goes out as DEADLINE_EXCEEDED,
+    which kvstore.failover does not retry: a refusal (UNAVAILABLE) would be, and a retry
+    of a write that did land answers wrong (a Remove False, a PutEnd ExistsError)."""
+    return f"outcome unknown: {method} ran, but leadership ended before it was durable ({exc})"
+
+
 # ---- the journal ------------------------------------------------------------------
 
 
@@ -360,14 +367,17 @@ class HAMaster:
             # durable before the lease is answered, so a successor honours it
             self.granted_lease_s = reply.lease_ttl_ms / 1000
             journal.save_lease_horizon(self.granted_lease_s)
-        if journal.seq > before or (method in READS and journal.durable < journal.seq):
+        wrote = journal.seq > before
+        if wrote or (method in READS and journal.durable < journal.seq):
             try:
                 await journal.sync()
             except KVStoreError as exc:
+                if wrote:  # it ran, and its records may still land in etcd: no refusal
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, unknown(method, exc))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, not_leader("", str(exc)))
-        if self.serving() is not servicer:
+        if not wrote and self.serving() is not servicer:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self._refusal())
-        return reply
+        return reply  # a durable write is committed, whatever this master is by now
 
     # -- roles --------------------------------------------------------------------
     async def _run(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from kvstore import fastlane
 from kvstore.client import Client
-from kvstore.errors import NotLeaderError, NotReadyError
+from kvstore.errors import NotLeaderError, NotReadyError, UnavailableError
 from kvstore.master.config import MasterConfig
 from kvstore.master.coord import HAConfig, MemoryCoordinator, MemoryEtcd
 from kvstore.master.ha import HAMaster
@@ -217,3 +217,22 @@ def test_a_shared_lease_blocks_a_remover_the_new_leader_never_saw(masters: Any) 
         with pytest.raises(NotReadyError):
             other.remove("k")  # its first call to the new leader
         assert reader.get("k") == b"v" * 100
+
+
+def test_a_write_cut_off_mid_commit_is_of_unknown_outcome_not_retried(masters: Any) -> None:
+    """Found by the Jepsen check at a handover: a Remove ran on the leader, leadership
+    ended while its record was on its way to etcd (where it landed), the refusal sent
+    the client to the next leader, and the retried Remove answered False. A write that
+    ran is answered 'outcome unknown' (DEADLINE_EXCEEDED: kvstore.failover does not
+    retry it), never a refusal."""
+    _, ms, _ = masters
+    old = wait_leader(ms)
+    addresses = ",".join(m.address for m in ms)
+    with Client(addresses, segment_bytes=4 << 20, failover_timeout_s=10) as c:
+        c.put("k", b"v" * 100)
+        old.coord.cut = True  # the leader alone loses etcd: its commit cannot land
+        with pytest.raises(UnavailableError, match="outcome unknown: Remove ran"):
+            c.remove("k")
+        new = wait_leader(ms, not_=old)
+        assert new.state is not None and "k" in new.state.objects  # it did not happen
+        assert c.remove("k") is True  # the caller decides to retry, knowing that
