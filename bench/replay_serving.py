@@ -250,7 +250,8 @@ def online(load: TraceLoad, args: argparse.Namespace) -> dict | None:
     heavy = scale_rate(window(azure, 0.0, half * x), x)
     heavy = TraceLoad(tuple(replace(r, output_len=int(r.output_len * x)) for r in heavy.requests))
     rate = len(first.requests) / half
-    start = sv.plan(rate).prefill_nodes or max(args.gpus // 2, 1)
+    flag = args.online_start == "flag"  # every mix from the --prefill-nodes split
+    start = args.prefill_nodes if flag else sv.plan(rate).prefill_nodes or max(args.gpus // 2, 1)
     scenarios = [
         ("lighter", window(azure, 0.0, half), "Azure conversation requests"),
         ("decode-heavy", heavy, f"Azure conversation requests at {x:g}x rate, {x:g}x outputs"),
@@ -277,14 +278,18 @@ def _sweep(sv: Serving, load: TraceLoad, azure: TraceLoad, half: float) -> dict:
     rows = []
     for mix in mixes:
         first = TraceLoad(mix.load.requests[: mix.cut])
-        plan = plan_split(first, sv.pool, sv.slo, half, "flexible")
-        # colocated gives the balancer nothing to flip: then the best split tried
-        start = plan.prefill_nodes or max((k for k in plan.tried if k), key=plan.tried.get)
+        if args.online_start == "flag":
+            start = args.prefill_nodes
+        else:
+            plan = plan_split(first, sv.pool, sv.slo, half, "flexible")
+            # colocated gives the balancer nothing to flip: then the best split tried
+            start = plan.prefill_nodes or max((k for k in plan.tried if k), key=plan.tried.get)
         row = _shift(sv, mix.load, mix.cut, start)
         row.update(name=mix.name, first=asdict(mix.first), second=asdict(mix.second))
         rows.append(row)
     worst = min(r["online"]["all"] - r["static"]["all"] for r in rows)
-    return {"seed": args.online_seed, "mixes": rows, "worst_online_minus_static": worst}
+    return {"seed": args.online_seed, "start": args.online_start, "mixes": rows,
+            "worst_online_minus_static": worst}  # fmt: skip
 
 
 def _shift(sv: Serving, mix: TraceLoad, cut: int, start: int) -> dict:

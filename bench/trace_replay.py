@@ -75,6 +75,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--online-decode-scale", type=float, default=4.0, help=shift_help)
     p.add_argument("--online-mixes", type=int, default=6, help="random shifting mixes, online")
     p.add_argument("--online-seed", type=int, default=0, help="seed of the random mixes")
+    p.add_argument(
+        "--online-start", choices=("planner", "flag"), default="planner",
+        help="online mixes start from the planner's split, or from --prefill-nodes",
+    )  # fmt: skip
     p.add_argument("--machines", type=int, default=8, help="DGX machines, hardware part")
     p.add_argument(
         "--no-hw-search",
