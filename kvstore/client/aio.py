@@ -152,8 +152,8 @@ class AsyncClient:
 
     # -- admin ----------------------------------------------------------------
 
-    async def remove(self, key: str, *, force: bool = False) -> bool:
-        return await self.run(self._ops.remove(key, force))
+    async def remove(self, key: str, *, force: bool = False, node_id: str = "") -> bool:
+        return await self.run(self._ops.remove(key, force, node_id))
 
     async def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
         return await self.run(self._ops.match_prefix(keys))

@@ -178,9 +178,10 @@ class Client:
 
     # -- admin ----------------------------------------------------------------
 
-    def remove(self, key: str, *, force: bool = False) -> bool:
-        """True if removed, False if absent; NotReadyError while leased/pinned (unless force)."""
-        return self.run(self._ops.remove(key, force))
+    def remove(self, key: str, *, force: bool = False, node_id: str = "") -> bool:
+        """True if removed, False if absent; NotReadyError while leased/pinned (unless force).
+        `node_id`: drop only the replicas on that node (the object goes with its last)."""
+        return self.run(self._ops.remove(key, force, node_id))
 
     def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
         """How many leading `keys` the pool holds, overall and per (node, tier)."""

@@ -161,11 +161,14 @@ class ClientOps:
     def batch_exists(self, keys: Sequence[str]) -> Op[list[bool]]:
         return [s is not None for s in (yield from self.batch_size_of(keys))]
 
-    def remove(self, key: str, force: bool) -> Op[bool]:
-        """True when removed, False when absent; NotReadyError if leased/pinned/writing."""
+    def remove(self, key: str, force: bool, node_id: str = "") -> Op[bool]:
+        """True when removed, False when absent; NotReadyError if leased/pinned/writing.
+        `node_id`: only the replicas on that node (False when it holds none)."""
         keys = self._keys([key])  # our own read lease does not block our own remove
         self.ctx.locations.drop(keys)
-        request = master_pb2.RemoveRequest(keys=keys, force=force, client_id=self.ctx.config.id)
+        request = master_pb2.RemoveRequest(
+            keys=keys, force=force, client_id=self.ctx.config.id, node_id=node_id
+        )
         status = (yield from call("Remove", request)).results[0]
         err = error_for(status.code, status.message)
         if isinstance(err, NotFoundError):

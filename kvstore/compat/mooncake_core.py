@@ -517,30 +517,28 @@ class StoreCore:
     def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
         """Drop the replicas of `keys` whose leases expired; the keys cleared.
 
-        kvstore drops an object with all its replicas: `segment_name` "" clears every
-        key given; a segment name clears the keys with a replica on that node (this
-        client's own segment is its `get_hostname()`); any other name clears nothing.
+        `segment_name` "" clears each key with all its replicas; a segment name (a node
+        id, or this client's own `get_hostname()`) drops only the key's replicas there,
+        its other replicas stay readable (the object goes with its last one); a name
+        holding none of a key's replicas clears nothing.
         """
-        if self._client is None or not keys:
+        client = self._client
+        if client is None or not keys:
             return []
-        own = self._hostname
+        node = ""
+        if segment_name:
+            node = client.config.id if segment_name == self._hostname else segment_name
         cleared = []
-        descs = self.batch_get_replica_desc(keys)
         for key in keys:
             if self._write_leased(key):
                 continue
-            nodes = {d.location.node_id for d in descs.get(key, [])}
-            if segment_name and segment_name != own and segment_name not in nodes:
-                continue
-            if segment_name == own and not self._owns_any(nodes):
-                continue
-            if self.remove(key) == OK:
+
+            def run(c: Any, key: str = key) -> int:
+                return 0 if c.remove(key, node_id=node) else int(ErrorCode.OBJECT_NOT_FOUND)
+
+            if self._call(run, remove_code) == OK:
                 cleared.append(key)
         return cleared
-
-    def _owns_any(self, nodes: set[str]) -> bool:
-        client = self._client
-        return client is not None and client.config.id in nodes
 
 
 def _from_dict(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -432,20 +432,33 @@ class MasterState:
             for j, i in enumerate(res.ids.tolist())
         ]
 
-    def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyError_]:
-        """Remove committed keys; leased or pinned ones only with `force`."""
+    def remove(
+        self, keys: Sequence[str], force: bool = False, node_id: str = ""
+    ) -> list[KeyError_]:
+        """Remove committed keys; leased or pinned ones only with `force`. `node_id`:
+        only their replicas on that node (Mooncake's per-segment replica clear); an
+        object goes with its last replica."""
         now = self.clock()
-        return [self._remove_one(key, force, now) for key in keys]
+        return [self._remove_one(key, force, now, node_id) for key in keys]
 
-    def _remove_one(self, key: str, force: bool, now: float) -> KeyError_:
+    def _remove_one(self, key: str, force: bool, now: float, node_id: str = "") -> KeyError_:
         obj = self.objects.get(key)
         if obj is None:
             return NotFoundError(f"unknown key {key!r}")
         if obj.state is ObjectState.WRITING:
             return NotReadyError(f"{key!r} is being written: the writer must revoke")
+        there = [r for r in obj.replicas if r.node_id == node_id] if node_id else []
+        if node_id and not there:
+            return NotFoundError(f"{key!r} has no replica on node {node_id!r}")
         if obj.protected(now) and not force:
             return NotReadyError(f"{key!r} is leased or pinned")
-        self._drop(obj)
+        if not there or len(there) == len(obj.replicas):
+            self._drop(obj)
+            return None
+        if obj.moving:  # its move's source or target may be one of them: let it settle
+            return NotReadyError(f"{key!r} is moving between tiers")
+        for loc in there:
+            self.drop_replica(obj, loc)
         return None
 
     # ---- background duties --------------------------------------------------

@@ -205,10 +205,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         own = set()
         if request.client_id and not request.force:
             own = removable_by_reader(self.state, self.readers, request.keys, request.client_id)
+        node = request.node_id
         if own:  # the caller's own lease does not block its own remove
-            res = [self.state.remove([k], k in own)[0] for k in request.keys]
+            res = [self.state.remove([k], k in own, node)[0] for k in request.keys]
         else:
-            res = self.state.remove(request.keys, request.force)
+            res = self.state.remove(request.keys, request.force, node)
         return master_pb2.RemoveResponse.FromString(wire.statuses_payload(res))
 
     @translate

@@ -143,8 +143,8 @@ class Limits:
             "MountSegment": self._mount, "UnmountSegment": self._node_segment,
             "PutStart": self._put_start, "PutEnd": self._put_end, "PutRevoke": self._client_keys,
             "GrantExtent": self._grant, "CommitExtent": self._commit,
-            "BatchLookup": self._lookup, "MatchPrefix": self._match, "Remove": self._client_keys,
-            "ListObjects": self._list, "NodeTasks": self._node_tasks,
+            "BatchLookup": self._lookup, "MatchPrefix": self._match,
+            "ListObjects": self._list, "NodeTasks": self._node_tasks, "Remove": self._remove,
             "AnnounceObjects": self._announce, "ReportCorrupt": self._report,
             "Evict": self._evict, "Pin": self._keys, "Unpin": self._keys,
             "Inspect": self._inspect, "Cordon": self._node_only,
@@ -262,6 +262,10 @@ class Limits:
 
     def _keys(self, r: Any) -> None:
         self.keys(r.keys, r.ByteSize())
+
+    def _remove(self, r: Any) -> None:
+        self._client_keys(r)
+        self.ident("node_id", r.node_id)
 
     def _put_start(self, r: Any) -> None:
         cfg = self.cfg

@@ -243,14 +243,16 @@ class MatchPrefixResponse(_message.Message):
     def __init__(self, pool_length: _Optional[int] = ..., matches: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("keys", "force", "client_id")
+    __slots__ = ("keys", "force", "client_id", "node_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     force: bool
     client_id: str
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ..., client_id: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ..., client_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("results",)

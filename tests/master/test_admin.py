@@ -172,3 +172,23 @@ def test_reader_column_equals_the_reader_book(clock) -> None:  # type: ignore[no
                     assert table_book.only_reader(obj, who, clock.now) == dict_book.only_reader(
                         obj, who, clock.now
                     )
+
+
+def test_remove_on_one_node_keeps_the_other_replicas(state: MasterState, clock: FakeClock) -> None:
+    """Mooncake's per-segment replica clear: Remove(node_id) drops only that node's
+    replicas and frees their space; the object goes with its last replica."""
+    _put(state, "k", 512, replicas=2)  # type: ignore[arg-type]
+    assert {r.node_id for r in state.objects["k"].replicas} == {"a", "b"}
+    used = {k: s.used for k, s in state.registry.segments.items()}
+    missing = state.remove(["k"], node_id="c")[0]
+    assert isinstance(missing, NotFoundError) and "no replica on node 'c'" in str(missing)
+    state.lookup(["k"])  # leased: refused as a whole remove would be
+    assert isinstance(state.remove(["k"], node_id="a")[0], NotReadyError)
+    clock.advance(10)
+    assert state.remove(["k"], node_id="a") == [None]
+    assert [r.node_id for r in state.objects["k"].replicas] == ["b"]
+    assert state.registry.segment("a", "a-dram").used == used[("a", "a-dram")] - 512
+    state.check_integrity()
+    assert isinstance(state.remove(["k"], node_id="a")[0], NotFoundError)
+    assert state.remove(["k"], node_id="b") == [None] and "k" not in state.objects
+    state.check_integrity()
