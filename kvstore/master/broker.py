@@ -36,8 +36,9 @@ class MoveBroker:
         self._pollers: set[str] = set()  # nodes that have long-polled for tasks
 
     def expect_pollers(self, node_ids: Iterable[str]) -> None:
-        """Count these nodes as task pollers before they poll (a new HA leader's restored
-        nodes: they run task workers, so a PutEnd must wait for their PERSIST)."""
+        """Count these nodes as task pollers before they poll (nodes that registered
+        saying they run a task worker, and a new HA leader's restored nodes: a PutEnd
+        must wait for their PERSIST)."""
         self._pollers.update(node_ids)
 
     def wake(self) -> None:

@@ -60,6 +60,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RegisterNodeResponse:
         ep = request.endpoint
         self.state.register_node(request.node_id, endpoint_from_pb(ep), request.incarnation)
+        if request.runs_tasks:  # its SSD puts wait for PERSIST before its first poll too
+            self.broker.expect_pollers([request.node_id])
         log.info(
             "event=node_registered node=%s tcp=%s rpc=%s", request.node_id, ep.tcp_address,
             ep.rpc_address or "-",

@@ -88,8 +88,9 @@ class Membership:
         """Register, drop stale segments of our id, mount ours (raises on failure)."""
         self._joined = False
         req = master_pb2.RegisterNodeRequest(
-            node_id=self.node_id, endpoint=self._endpoint, incarnation=self._incarnation
-        )
+            node_id=self.node_id, endpoint=self._endpoint, incarnation=self._incarnation,
+            runs_tasks=True,  # every StorageNode runs a TaskWorker beside its membership
+        )  # fmt: skip
         sent = time.monotonic()
         reg = self._call("RegisterNode", req)
         if self._keyring is not None:

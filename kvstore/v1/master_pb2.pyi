@@ -33,14 +33,16 @@ class KeyStatus(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "endpoint", "incarnation")
+    __slots__ = ("node_id", "endpoint", "incarnation", "runs_tasks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RUNS_TASKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     endpoint: _common_pb2.NodeEndpoint
     incarnation: str
-    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    runs_tasks: bool
+    def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., incarnation: _Optional[str] = ..., runs_tasks: bool = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("master_epoch", "node_ttl_ms", "heartbeat_interval_ms", "capability_key", "capability_key_id", "capability_clock_ms")

@@ -244,3 +244,34 @@ async def test_big_batch_fits_in_one_message(stub, ch, handle) -> None:  # type:
         )
     assert len(look.results) == 50_000
     assert {r.status.code for r in look.results} == {common_pb2.ERROR_CODE_NOT_FOUND}
+
+
+async def _persist_waits(stub, ch, handle) -> None:  # type: ignore[no-untyped-def]
+    """A node that says it runs a task worker gets its SSD puts' PERSIST waited for from
+    its first put (before it ever long-polled): here nobody polls, so PutEnd times out
+    typed; a node that does not (a fake) is not waited for."""
+    for node, tasks in (("worker", True), ("fake", False)):
+        ep = common_pb2.NodeEndpoint(tcp_address=f"127.0.0.1:{7000 + tasks}")
+        req = master_pb2.RegisterNodeRequest(node_id=node, endpoint=ep, runs_tasks=tasks)
+        await stub.RegisterNode(req)
+        await stub.MountSegment(master_pb2.MountSegmentRequest(
+            node_id=node, segment=f"{node}-ssd", tier=common_pb2.TIER_SSD, capacity=1 << 20
+        ))  # fmt: skip
+        item = master_pb2.PutStartItem(key=f"k-{node}", size=100, preferred_node=node)
+        put = await stub.PutStart(master_pb2.PutStartRequest(client_id="c", items=[item]))
+        assert put.results[0].locations[0].node_id == node
+        started = time.monotonic()
+        end = master_pb2.PutEndRequest(client_id="c", keys=[item.key], checksums=[7])
+        reply = await stub.PutEnd(end)
+        status = reply.results[0]
+        if tasks:
+            assert isinstance(rpc_errors.error_for(status.code, status.message),
+                              errors.UnavailableError)  # fmt: skip
+            assert "did not persist" in status.message and time.monotonic() - started >= 0.3
+        else:
+            assert status.code == 0
+
+
+test_put_end_waits_for_persist_of_a_node_that_runs_tasks = run(
+    _persist_waits, persist_timeout_s=0.3
+)
