@@ -71,7 +71,7 @@ def print_serving(s: dict) -> None:
     for k in ks:
         cells = "".join(f"{row['fixed'][k]:>8.1%}" for row in s["planner"])
         print(f"  {k:>6}{cells}  {s['split_goodput'][k]:.2f}")
-    print("\n== planner: split chosen per load (from the observed window) ==")
+    print("\n== planner: split chosen per load (from the observed windows) ==")
     print("  split = prefill nodes (0 = colocated); attainment on the serving window")
     head = f"  {'rate':>6}{'flexible: split':>16}{'met':>5}{'att.':>8}"
     print(head + f"{'cache_load: split':>19}{'met':>5}{'att.':>8}{'best fixed':>12}{'att.':>8}")
@@ -83,7 +83,9 @@ def print_serving(s: dict) -> None:
             f"{row['best_fixed']:>12}{row['best_fixed_attained']:>8.1%}"
         )
         if not row["met"]:
-            print(f"         {row['reason']}")
+            print(f"         flexible: {row['reason']}")
+        if not row.get("cache_load_met", True) and "cache_load_reason" in row:
+            print(f"         cache_load: {row['cache_load_reason']}")
 
 
 def print_locality(loc: dict) -> None:
@@ -119,10 +121,11 @@ def print_online(o: dict) -> None:
     print(f"\n== online role flips on {len(sweep['mixes'])} random mixes (seed {sweep['seed']}) ==")
     print(f"  {'mix':<7}{'first phase':<30}{'second phase':<30}{'split':>6}{'static':>8}"
           f"{'online':>8}  flips")  # fmt: skip
-    for m in sweep["mixes"]:
-        def phase(p: dict) -> str:
-            return f"{p['source']} load {p['load']:.2f} out x{p['output_factor']:.1f}"
 
+    def phase(p: dict) -> str:
+        return f"{p['source']} load {p['load']:.2f} out x{p['output_factor']:.1f}"
+
+    for m in sweep["mixes"]:
         flips = ", ".join(f"{f['node']}->{f['role']} {f['t']:.0f}s" for f in m["flips"])
         print(f"  {m['name']:<7}{phase(m['first']):<30}{phase(m['second']):<30}"
               f"{m['start_split']:>6}{m['static']['all']:>8.1%}{m['online']['all']:>8.1%}"

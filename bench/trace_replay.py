@@ -10,7 +10,7 @@ Part 2, serving (full event simulation of a time window of the trace, arrivals s
 sweep load): TTFT/TBT attainment and goodput (DistServe: highest rate with >= 90% of requests
 meeting both objectives) for colocated, disaggregated (the --prefill-nodes split), conditional
 (that split) and flexible serving (per-request role choice on the split the planner picks
-from the *next* window of the trace), and every fixed split (exhaustive search).
+from the *next* two windows of the trace), and every fixed split (exhaustive search).
 Part 3, the planner: its split per load vs the best fixed split. Part 4, cache locality:
 TTFT split into queue, prefix load (local / pooled, by tier) and compute per policy, pooled
 and local caches. Part 5, online role flips on a mix that shifts mid-run. Part 6,
