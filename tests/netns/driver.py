@@ -47,9 +47,11 @@ def spy_engines() -> None:
     for cls, kind in ((ShmEngine, "shm"), (TcpEngine, "tcp"), (NixlEngine, "nixl")):
         original = cls.submit
 
-        def counted(self: Any, batch: Sequence[Any], _o: Any = original, _k: str = kind) -> Any:
+        def counted(
+            self: Any, batch: Sequence[Any], *args: Any, _o: Any = original, _k: str = kind
+        ) -> Any:
             TRANSFERS[_k] += len(batch)
-            return _o(self, batch)
+            return _o(self, batch, *args)
 
         cls.submit = counted  # type: ignore[method-assign]
 
@@ -57,9 +59,9 @@ def spy_engines() -> None:
     # copies and checksums): count each such read as an shm transfer too.
     mapped = ShmEngine.mapped
 
-    def counted_map(self: Any, desc: Any, _o: Any = mapped) -> Any:
+    def counted_map(self: Any, desc: Any, *args: Any, **kw: Any) -> Any:
         TRANSFERS["shm"] += 1
-        return _o(self, desc)
+        return mapped(self, desc, *args, **kw)  # (desc, capability) since capabilities
 
     ShmEngine.mapped = counted_map  # type: ignore[method-assign]
 
