@@ -18,14 +18,11 @@ lends its own segment, `global_segment_size`, vLLM's embedded mode: memcpy in pl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,43 +30,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
+
+from shm_fd import pool  # noqa: E402  (a master, with or without a DRAM node)
+
 from kvstore.compat.mooncake import MooncakeDistributedStore  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 LAYERS, PART = 8, 128 * KiB
-
-
-def _spawn(cmd: list[str], procs: list[subprocess.Popen[bytes]], ready: bytes) -> bytes:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    procs.append(proc)
-    assert proc.stdout is not None
-    for line in proc.stdout:  # bounded by the process: EOF when it exits
-        if line.startswith(ready):
-            return line
-    raise RuntimeError(f"{cmd!r} exited ({proc.wait()}) before printing {ready!r}")
-
-
-@contextlib.contextmanager
-def pool(node_mib: int) -> Iterator[str]:
-    """A master (+ one DRAM node when node_mib > 0) on 127.0.0.1; the master address."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        py = [sys.executable, "-m"]
-        line = _spawn([*py, "kvstore.master", "--listen", "127.0.0.1:0"], procs, b"kvstore master")
-        master = line.split()[4].decode()
-        if node_mib:
-            node = [*py, "kvstore.node", "--master", master, "--dram-mib", str(node_mib)]
-            _spawn(node, procs, b"kvstore node ")
-        yield master
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
 
 
 def timed(runs: dict[str, Callable[[int], None]], repeats: int) -> dict[str, float]:
@@ -156,7 +124,7 @@ def main() -> None:
     # room for the warm-up, the timed puts of both paths and the get keys
     room = (2 * (args.repeats + 1) + 2) * per_call // MiB + 64
     results = {}
-    with pool(room) as master:
+    with pool(room * MiB) as master:
         results["node"] = measure(master, 0, args.keys, args.repeats)
     with pool(0) as master:
         results["lent"] = measure(master, room * MiB, args.keys, args.repeats)

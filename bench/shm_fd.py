@@ -50,14 +50,16 @@ def _spawn(cmd: list[str], procs: list[subprocess.Popen[bytes]], ready: bytes) -
 
 @contextlib.contextmanager
 def pool(dram_bytes: int) -> Iterator[str]:
-    """A master + one DRAM node on 127.0.0.1; yields the master address."""
+    """A master + one DRAM node (none when `dram_bytes` is 0) on 127.0.0.1; yields the
+    master address (bench/facade_multibuf.py uses it too)."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         py = [sys.executable, "-m"]
         line = _spawn([*py, "kvstore.master", "--listen", "127.0.0.1:0"], procs, b"kvstore master")
         master = line.split()[4].decode()
-        node = [*py, "kvstore.node", "--master", master, "--dram-mib", str(dram_bytes / MiB)]
-        _spawn(node, procs, b"kvstore node ")  # no --nixl: its agent would spin a core
+        if dram_bytes:
+            node = [*py, "kvstore.node", "--master", master, "--dram-mib", str(dram_bytes / MiB)]
+            _spawn(node, procs, b"kvstore node ")  # no --nixl: its agent would spin a core
         yield master
     finally:
         for proc in reversed(procs):
