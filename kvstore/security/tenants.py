@@ -19,13 +19,7 @@ from kvstore.errors import NoSpaceError
 from kvstore.master.objects import OBJECT_BYTES, REPLICA_BYTES, tenant_of
 from kvstore.security.limits import Items
 
-__all__ = ["Ledger", "object_cost", "tenant_of"]
-
-
-def object_cost(key: str, size: int, replicas: int) -> tuple[int, int]:
-    """(bytes reserved in the pool, estimated metadata bytes) of one object."""
-    copies = max(1, replicas)
-    return size * copies, OBJECT_BYTES + len(key) + REPLICA_BYTES * (copies - 1)
+__all__ = ["Ledger", "tenant_of"]
 
 
 class Ledger:
