@@ -26,6 +26,7 @@ class OpContext:
     node_id: str = ""  # the node id of our contributed segment, "" if none
     locations: LocationCache = field(init=False)  # needs checksums: they validate its reads
     extents: ExtentHolder = field(init=False)
+    ssd_reads: int = 0  # reads this client served from an SSD replica (Mooncake's facade)
 
     def __post_init__(self) -> None:
         cfg = self.config

@@ -143,7 +143,13 @@ def _read_looked_up(
     retried: set[int] = set()
     refresh = False
     while pending:
+        ssd = [
+            i
+            for i in pending
+            if nth[i] < len(pending[i][0]) and pending[i][0][nth[i]].tier == Tier.SSD
+        ]
         bad = yield from _read_round(ctx, pending, nth, results, sums, refresh)
+        ctx.ssd_reads += sum(1 for i in ssd if i not in pending and isinstance(results[i], int))
         corrupt += [(keys[i], loc) for i, loc in bad]
         stale = [i for i in pending if isinstance(results[i], TransferError) and i not in retried]
         again: set[int] = set()
