@@ -2,10 +2,12 @@
 
 A Location names (node, tier, segment, offset, length); the data plane needs the
 node's TCP endpoint and host id (Stats.nodes) and the segment's size (Stats.segments).
-Segments their node mounted with `shm` set are shared memory: same-host clients map
-them by fd, asking the node's fd server (`shm_socket` in its endpoint) by segment
-name. A node that serves NIXL publishes its agent metadata and segment bases in its
-endpoint (`nixl_metadata`): its segments then carry `nixl_meta`.
+Segments their node mounted with `shm` set hand their fd to same-host clients, from
+the node's fd server (`shm_socket` in its endpoint) by segment name: DRAM (and host
+HBM) segments are shared memory the clients map; an SSD segment is its slab file,
+which they pread/pwrite (kvstore.transfer.file). A node that serves NIXL publishes
+its agent metadata and segment bases in its endpoint (`nixl_metadata`): its segments
+then carry `nixl_meta`.
 The cache is refreshed from Stats when a location is unknown (a new node or segment).
 """
 
@@ -48,11 +50,12 @@ class SegmentDirectory:
             if node is None:
                 continue
             try:
+                slab = seg.tier == common_pb2.TIER_SSD  # `shm` there: its fd is served
                 descs[(seg.node_id, seg.segment)] = SegmentDescriptor(
                     name=seg.segment, size=seg.capacity, host_id=node.host_id,
-                    endpoint=node.tcp_address, shm=seg.shm,
+                    endpoint=node.tcp_address, shm=seg.shm and not slab,
                     nixl_meta=segment_meta(node.nixl_metadata, seg.segment),
-                    shm_socket=node.shm_socket if seg.shm else "",
+                    shm_socket=node.shm_socket if seg.shm else "", file=seg.shm and slab,
                 )  # fmt: skip
             except BadRequestError:
                 continue  # an endpoint we cannot parse: that segment stays unreachable

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm-mib", type=float, default=0.0, help="device memory lent (0 = none)")
     p.add_argument("--hbm-device", default="cuda", help="torch device of the HBM segment")
     p.add_argument("--buffered-ssd", action="store_true", help="no O_DIRECT on the SSD slab")
+    p.add_argument(
+        "--no-ssd-fd", action="store_true",
+        help="same-host peers reach the SSD slab over TCP only, never by its fd",
+    )  # fmt: skip
     p.add_argument("--heartbeat-s", type=float, default=0.0, help="0 = the master's interval")
     p.add_argument("--join-timeout-s", type=float, default=30.0, help="wait for the master")
     p.add_argument(
@@ -103,6 +107,7 @@ def _main(args: argparse.Namespace) -> int:
         hbm_bytes=int(args.hbm_mib * MIB),
         hbm_device=args.hbm_device,
         ssd_direct_io=not args.buffered_ssd,
+        ssd_fd_peers=not args.no_ssd_fd,
         shm_peer_uids=tuple(args.shm_peer_uid),
     )
     run_with_metrics(config, args.metrics_listen)

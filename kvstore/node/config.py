@@ -45,6 +45,9 @@ class NodeConfig:
     credentials: object | None = None  # grpc.ChannelCredentials: secure master channel
     nixl: bool | None = False  # serve DRAM by NIXL too: True = must, None = when installed
     ssd_direct_io: bool = True  # O_DIRECT on the slab (buffered fallback where refused)
+    # Same-host peers get the slab's fd and pread/pwrite their ranges themselves
+    # (kvstore.transfer.file; gated like the DRAM fd in secured mode). False: TCP only.
+    ssd_fd_peers: bool = True
     hbm_bytes: int = 0  # device memory lent as an HBM segment
     hbm_device: str = "cuda"  # torch device of the HBM segment ("cpu" runs the same path)
     # HA (kvstore.master.ha): every master of the pool, `master` among them; the node's

@@ -32,7 +32,7 @@ from kvstore.security.capabilities import Keyring
 from kvstore.security.credentials import data_plane_server, revoked_check
 from kvstore.security.process import security_of
 from kvstore.tiers.hbm_segment import HbmSegment
-from kvstore.tiers.shm import FdServer, reclaim_stale_files
+from kvstore.tiers.shm import FdServer, process_fd_server, reclaim_stale_files
 from kvstore.tiers.ssd_segment import SsdSegment
 from kvstore.transfer.base import local_host_id
 from kvstore.transfer.nixl import NixlEngine, nixl_available
@@ -126,9 +126,12 @@ class StorageNode:
             self.hbm = HbmSegment(name, cfg.hbm_bytes, cfg.hbm_device)
 
     def _expose_tiers(self) -> None:
-        """SSD (and device HBM) segments are served through staging, TCP only."""
+        """SSD (and device HBM) segments are served through staging over TCP; the SSD
+        slab's fd also goes to same-host peers (`ssd_fd_peers`)."""
         if self.ssd is not None:
             self.server.expose_store(self.ssd.name, self.ssd)
+            if self.config.ssd_fd_peers:
+                self.ssd.serve(self.fd_server or process_fd_server())
         if self.hbm is not None:
             host = self.hbm.buffer
             if host is not None:
@@ -178,13 +181,16 @@ class StorageNode:
         endpoint = common_pb2.NodeEndpoint(
             tcp_address=self.endpoint, shm_host_id=local_host_id(),
             nixl_metadata=self.nixl_metadata,
-            shm_socket=next((s.shm_socket for s in self.segments if s.shm_socket), ""),
+            shm_socket=self._fd_socket(),
         )  # fmt: skip
         mounts = [MountSpec(s.name, s.tier, s.size, s.shm) for s in self.segments]
         if self.hbm is not None:
             mounts.insert(0, MountSpec(self.hbm.name, Tier.HBM, self.hbm.size))
         if self.ssd is not None:
-            spec = MountSpec(self.ssd.name, Tier.SSD, self.ssd.size, alignment=self.ssd.alignment)
+            spec = MountSpec(
+                self.ssd.name, Tier.SSD, self.ssd.size, shm=self.ssd.served,
+                alignment=self.ssd.alignment,
+            )  # fmt: skip
             mounts.append(spec)
         self.membership = Membership(
             self._channel, cfg.node_id, endpoint, mounts, rpc_timeout_s=cfg.rpc_timeout_s,
@@ -194,6 +200,11 @@ class StorageNode:
         self.membership.start(cfg.join_timeout_s)
         self.worker = TaskWorker(self._channel, cfg.node_id, self.lent(), cfg.rpc_timeout_s)
         self.worker.start()
+
+    def _fd_socket(self) -> str:
+        """The fd server of the segments same-host peers reach by fd ("" = none)."""
+        dram = next((s.shm_socket for s in self.segments if s.shm_socket), "")
+        return dram or (self.ssd.fd_socket if self.ssd is not None else "")
 
     def _announce(self, call: Callable[[str, Any], Any]) -> None:
         """After each join: list what the SSD index holds; forget what the master refuses."""

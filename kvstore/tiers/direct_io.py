@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import threading
@@ -143,6 +144,33 @@ class SlabFile:
             self.mode = BUFFERED
             self._fd = os.open(path, os.O_RDWR)
 
+    @classmethod
+    def of_fd(cls, fd: int, name: str, alignment: int = mmap.PAGESIZE) -> SlabFile:
+        """A slab another process opened, from an fd it handed over (kvstore.transfer.file):
+        O_DIRECT exactly when that open file is. Owns `fd` (closes it)."""
+        slab = cls.__new__(cls)
+        slab.path = name
+        slab.alignment = alignment
+        slab._fd = fd
+        slab.capacity = os.fstat(fd).st_size
+        direct = getattr(os, "O_DIRECT", 0)
+        slab.mode = DIRECT if direct and fcntl.fcntl(fd, fcntl.F_GETFL) & direct else BUFFERED
+        return slab
+
+    def dup_fd(self) -> int:
+        """A new fd of the same open file (its O_DIRECT flag included), for a peer."""
+        if self._fd < 0:
+            raise SsdIOError(f"{self.path} is closed")
+        return os.dup(self._fd)
+
+    def sync(self) -> None:
+        """fdatasync, where writes are buffered (O_DIRECT ones are on the device already)."""
+        if self.mode == BUFFERED:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                raise map_os_error(exc, f"fdatasync {self.path}") from exc
+
     def _open(self, want_direct: bool) -> int:
         flags = os.O_RDWR | os.O_CREAT
         if want_direct and hasattr(os, "O_DIRECT"):
@@ -194,20 +222,16 @@ class SlabFile:
         first copies its part of `source` into `staging` (copies run in parallel).
         `meanwhile` runs in this thread while the chunks are in flight."""
         tasks = []
-        for off, part in self._chunks(offset, staging):
+        for off, part in self.chunks(offset, staging):
             src = None if source is None else source[off - offset : off - offset + len(part)]
             tasks.append((off, part, src))
-        futures = [self._submit(pool, len(tasks), self._copy_and_write, *t) for t in tasks]
+        futures = [self._submit(pool, len(tasks), self.copy_and_write, *t) for t in tasks]
         try:
             if meanwhile is not None:
                 meanwhile()
         finally:
             _wait_all(futures)
-        if self.mode == BUFFERED:
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                raise map_os_error(exc, f"fdatasync {self.path}") from exc
+        self.sync()
 
     def read(
         self, offset: int, staging: memoryview, pool: Executor | None, out: Buffer = None
@@ -215,17 +239,17 @@ class SlabFile:
         """Fill aligned `staging` from `offset`; with `out`, each chunk task then
         copies its part on into `out`."""
         tasks = []
-        for off, part in self._chunks(offset, staging):
+        for off, part in self.chunks(offset, staging):
             dst = None if out is None else out[off - offset : off - offset + len(part)]
             tasks.append((off, part, dst))
-        _wait_all([self._submit(pool, len(tasks), self._read_and_copy, *t) for t in tasks])
+        _wait_all([self._submit(pool, len(tasks), self.read_and_copy, *t) for t in tasks])
 
-    def _copy_and_write(self, offset: int, part: memoryview, src: Buffer) -> None:
+    def copy_and_write(self, offset: int, part: memoryview, src: Buffer) -> None:
         if src is not None:
             copy_bytes(part[: len(src)], src)
         self._io_full(os.pwritev, offset, part)
 
-    def _read_and_copy(self, offset: int, part: memoryview, dst: Buffer) -> None:
+    def read_and_copy(self, offset: int, part: memoryview, dst: Buffer) -> None:
         self._io_full(os.preadv, offset, part)
         if dst is not None:
             copy_bytes(dst, part[: len(dst)])
@@ -242,7 +266,7 @@ class SlabFile:
             raise
         return buf
 
-    def _chunks(self, offset: int, view: memoryview) -> list[tuple[int, memoryview]]:
+    def chunks(self, offset: int, view: memoryview) -> list[tuple[int, memoryview]]:
         if offset % self.alignment or len(view) % self.alignment:
             raise ValueError(f"unaligned I/O offset={offset} length={len(view)}")
         if offset + len(view) > self.capacity:

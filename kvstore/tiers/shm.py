@@ -35,6 +35,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
 import numpy as np
 
@@ -285,6 +286,20 @@ def _check_memory(size: int, name: str) -> None:
 # -- the fd server -------------------------------------------------------------------
 
 
+class Served(Protocol):
+    """What an fd server hands out: a SharedSegment, or an SSD segment's slab file."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def owner(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    def dup_fd(self) -> int: ...
+
+
 class FdServer:
     """Serves the fds of its segments to same-host peers over an abstract Unix socket.
 
@@ -304,7 +319,7 @@ class FdServer:
         self.authorize = authorize
         self.address = check_address(address or f"@kvstore-fd-{os.getpid()}-{uuid.uuid4().hex}")
         self.timeout_s = timeout_s
-        self._segments: dict[str, weakref.ref[SharedSegment]] = {}
+        self._segments: dict[str, weakref.ref[Served]] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._listener: socket.socket | None = None
@@ -312,7 +327,7 @@ class FdServer:
         self._stopping = threading.Event()
         self._refused = 0  # connections closed unanswered: over the limit or another uid
 
-    def add(self, segment: SharedSegment) -> None:
+    def add(self, segment: Served) -> None:
         """Serve `segment` by its name (BadRequestError if a live one has that name)."""
         with self._lock:
             ref = self._segments.get(segment.name)
@@ -320,7 +335,7 @@ class FdServer:
                 raise BadRequestError(f"a segment named {segment.name!r} is already served")
             self._segments[segment.name] = weakref.ref(segment)
 
-    def remove(self, name: str, segment: SharedSegment | None = None) -> bool:
+    def remove(self, name: str, segment: Served | None = None) -> bool:
         """Stop serving `name` (only if it is `segment`, when given)."""
         with self._lock:
             ref = self._segments.get(name)

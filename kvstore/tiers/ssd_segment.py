@@ -20,6 +20,13 @@ restart, and a committed object survives a SIGKILL of the node. At open,
 
 The directory records which node owns it (`node.json`): opening it under
 another node id is refused, so two nodes never serve one slab.
+
+Same-host peers may also get the slab's fd (`serve`: the node's fd server, gated
+like its DRAM segments' in secured mode) and pread/pwrite their ranges themselves
+(kvstore.transfer.file): no TCP copy and no node thread in between. Such writes
+leave no record here, so `persist` then records the checksum the writer committed
+without reading the bytes back; every read verifies it and a reopen verifies it
+again, so bytes that do not match are never served.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvstore.errors import BadRequestError, CorruptError, IOFaultError, KVStoreError, NotFoundError
 from kvstore.tiers.allocator import OffsetAllocator
@@ -38,6 +46,9 @@ from kvstore.tiers.ssd_handles import SsdConfig
 from kvstore.tiers.ssd_index import IndexEntry, checksum_of
 from kvstore.tiers.ssd_store import SlabStore
 from kvstore.types import Tier
+
+if TYPE_CHECKING:
+    from kvstore.tiers.shm import FdServer
 
 IDENTITY_FILE = "node.json"
 
@@ -85,6 +96,10 @@ class SsdSegment:
         self._generation = 0
         self.survivors: list[Survivor] = []
         self.dropped_at_open = 0
+        self._server: FdServer | None = None
+        self.closed = False
+
+    owner = True  # FdServer's word for "this process opened it" (SharedSegment's too)
 
     @property
     def nbytes(self) -> int:
@@ -175,18 +190,43 @@ class SsdSegment:
         finally:
             release()
 
+    # ---- same-host peers (fd) --------------------------------------------------
+
+    def serve(self, server: FdServer) -> str:
+        """Hand the slab's fd to same-host peers through `server`; its address."""
+        if self._server is None:
+            server.add(self)
+            self._server = server
+        return server.address
+
+    @property
+    def served(self) -> bool:
+        """Whether same-host peers may ask for the slab's fd (`serve` was called)."""
+        return self._server is not None
+
+    @property
+    def fd_socket(self) -> str:
+        """The address of the fd server that hands out the slab's fd ("" = none)."""
+        return self._server.address if self._server is not None else ""
+
+    def dup_fd(self) -> int:
+        """A new fd of the slab (O_DIRECT when the slab is) for the fd server to send."""
+        if self.closed:
+            raise NotFoundError(f"SSD segment {self.name!r} is closed")
+        return self.store.slab.dup_fd()
+
     # ---- durability -------------------------------------------------------------
 
     def persist(self, key: str, offset: int, length: int, checksum: int) -> int:
         """Record `key` at `offset` in the index once its bytes match `checksum` (0 =
         take what is there). Returns the checksum recorded; CorruptError on mismatch."""
         got = self._written_checksum(offset, length, checksum)
-        if got is None:  # not (wholly) written by this process: check the bytes on disk
-            view, release = self.read_range(offset, length)
-            try:
-                got = checksum_of(view)
-            finally:
-                release()
+        if got is None and checksum:  # written by a peer through the fd: see the module doc
+            got = checksum
+        elif got is None or (checksum and got != checksum):
+            # unrecorded and no checksum to trust, or a record that disagrees (a stale
+            # one, left by an uncommitted TCP write at this offset): the disk decides
+            got = self._checksum_on_disk(offset, length)
         if checksum and got != checksum:
             raise CorruptError(f"{key!r}: bytes at SSD offset {offset} fail their checksum")
         with self._lock:
@@ -194,6 +234,13 @@ class SsdSegment:
             generation = self._generation
         self.store.index.put(key, IndexEntry(offset, length, got, generation))
         return got
+
+    def _checksum_on_disk(self, offset: int, length: int) -> int:
+        view, release = self.read_range(offset, length)
+        try:
+            return checksum_of(view)
+        finally:
+            release()
 
     def _written_checksum(self, offset: int, length: int, checksum: int) -> int | None:
         """The checksum of [offset, +length) from what this process wrote, or None.
@@ -234,6 +281,10 @@ class SsdSegment:
         return {k: e for k, e in self.store.index.items() if e is not None}
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.remove(self.name, self)
+            self._server = None
+        self.closed = True
         with contextlib.suppress(Exception):
             self.store.close()
 

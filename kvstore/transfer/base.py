@@ -72,7 +72,8 @@ def check_name(name: object) -> str:
 @dataclass(frozen=True, slots=True)
 class SegmentDescriptor:
     """How to reach a remote segment: shared memory (`shm`, mapped by the fd that
-    `shm_socket` serves), TCP endpoint or NIXL."""
+    `shm_socket` serves), a slab file (`file`, read and written by that fd), TCP
+    endpoint or NIXL."""
 
     name: str
     size: int
@@ -83,6 +84,9 @@ class SegmentDescriptor:
     # "@name" of the abstract Unix socket whose fd server hands out this segment's
     # fd (kvstore.tiers.shm.FdServer); "" = not mappable
     shm_socket: str = ""
+    # an SSD slab file whose fd that server hands out: same-host peers pread/pwrite it
+    # (kvstore.transfer.file) instead of mapping it
+    file: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.name)

@@ -1,8 +1,10 @@
 """Choosing a transport: `make_engine(kind)` and the per-peer routing AutoEngine.
 
 "auto" routes each request by its remote segment: shared memory when the segment
-is shared memory on this host (mapped by fd), NIXL when installed and the segment publishes
-NIXL metadata, TCP otherwise. "shm", "tcp" and "nixl" force one transport.
+is shared memory on this host (mapped by fd), the slab file's fd when it is an SSD
+segment on this host whose node hands that fd out (kvstore.transfer.file; TCP when it
+does not), NIXL when installed and the segment publishes NIXL metadata, TCP otherwise.
+"shm", "tcp" and "nixl" force one transport.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kvstore.transfer.base import (
     TransferHandle,
     TransferRequest,
 )
+from kvstore.transfer.file import FileEngine, file_reachable
 from kvstore.transfer.nixl import nixl_available
 from kvstore.transfer.shm import ShmEngine, shm_reachable
 from kvstore.transfer.tcp import TcpConfig, TcpEngine
@@ -30,6 +33,8 @@ def choose_kind(remote: SegmentDescriptor, *, nixl: bool | None = None) -> str:
     """The transport "auto" uses for `remote` (`nixl` overrides the install check)."""
     if shm_reachable(remote):
         return "shm"
+    if file_reachable(remote):
+        return "file"
     has_nixl = nixl_available() if nixl is None else nixl
     if has_nixl and remote.nixl_meta:
         return "nixl"
@@ -50,6 +55,8 @@ def _make_one(kind: str, tcp: TcpConfig | None) -> TransferEngine:
         return ShmEngine()
     if kind == "tcp":
         return TcpEngine(tcp)
+    if kind == "file":
+        return FileEngine()
     if kind == "nixl":
         from kvstore.transfer.nixl import NixlEngine
 
@@ -127,12 +134,19 @@ class AutoEngine(TransferEngine):
         self.check_batch(batch)
         groups: dict[str, list[int]] = {}
         for index, req in enumerate(batch):
-            groups.setdefault(choose_kind(req.remote), []).append(index)
+            kind = choose_kind(req.remote)
+            if kind == "file" and not self._file_usable(req):
+                kind = "tcp"  # the node hands out no slab fd (or not to us): its endpoint
+            groups.setdefault(kind, []).append(index)
         parts = [
             (self.engine(kind).submit([batch[i] for i in indices]), indices)
             for kind, indices in groups.items()
         ]
         return _Join(parts, len(batch))
+
+    def _file_usable(self, req: TransferRequest) -> bool:
+        engine = self.engine("file")
+        return isinstance(engine, FileEngine) and engine.usable(req.remote, req.capability)
 
     def close(self) -> None:
         with self._lock:
