@@ -12,7 +12,7 @@ import bisect
 import itertools
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,8 +163,13 @@ class DataPath:
 
     # -- transfers --------------------------------------------------------------
 
-    def run(self, op: TransferOp, transfers: Sequence[Transfer]) -> BatchResult:
-        """Submit every transfer as one batch and wait; an error per transfer."""
+    def run(
+        self, op: TransferOp, transfers: Sequence[Transfer],
+        meanwhile: Callable[[], object] | None = None,
+    ) -> BatchResult:  # fmt: skip
+        """Submit every transfer as one batch and wait; an error per transfer.
+        `meanwhile` runs in this thread while the batch is in flight (engines that move
+        bytes on their own threads: TCP, the slab fd), or after it (inline ones)."""
         errors: list[Exception | None] = [None] * len(transfers)
         temps: list[str] = []
         reqs, index = [], []
@@ -184,8 +189,12 @@ class DataPath:
                 except KVStoreError as exc:
                     errors[i] = exc
             if not reqs:
+                if meanwhile is not None:
+                    meanwhile()
                 return BatchResult(errors, True)
             handle = self.engine.submit(reqs)
+            if meanwhile is not None:
+                meanwhile()
             for i, err in zip(index, handle.wait(2 * self._timeout), strict=True):
                 errors[i] = err
             return BatchResult(errors, handle.done())

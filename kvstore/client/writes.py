@@ -88,6 +88,7 @@ def _started_put_op(
     once more (`retry`): placed elsewhere now."""
     results: list[KVStoreError | None] = [None] * len(keys)
     unreachable: set[str] = set()  # nodes a WRITE of this call failed on
+    sums: dict[int, int] = {}  # checksums, computed while the WRITEs are in flight
     reply = yield Rpc("PutStart", _start_request(ctx, keys, views, opts))
     started: dict[int, list[Location]] = {}
     for i, res in enumerate(reply.results):
@@ -98,7 +99,7 @@ def _started_put_op(
     if not started:
         return results
     try:
-        settled = yield from _write(ctx, started, views, results, unreachable)
+        settled = yield from _write(ctx, started, views, results, unreachable, sums)
         stale = {i: started[i] for i in started if isinstance(results[i], TransferError)}
         if stale and settled:  # keep the keys all of whose replicas' nodes moved
             flat = [loc for locs in stale.values() for loc in locs]
@@ -116,7 +117,7 @@ def _started_put_op(
     if ok:
         request = master_pb2.PutEndRequest(client_id=ctx.config.id, keys=[keys[i] for i in ok])
         if ctx.config.checksums:  # readers verify it; SSD replicas are indexed with it
-            request.checksums.extend([checksum_of(views[i]) for i in ok])
+            request.checksums.extend([sums.get(i) or checksum_of(views[i]) for i in ok])
         end = yield Rpc("PutEnd", request)
         for i, status in zip(ok, end.results, strict=True):
             results[i] = error_for(status.code, status.message)
@@ -168,9 +169,11 @@ def _write(
     views: Sequence[memoryview],
     results: list[KVStoreError | None],
     unreachable: set[str] | None = None,
+    sums: dict[int, int] | None = None,
 ) -> Op[bool]:
     """WRITE every replica of every started key as one batch; False if not all settled.
-    The nodes of failed WRITEs go into `unreachable`."""
+    The nodes of failed WRITEs go into `unreachable`; with `sums` (and checksums on),
+    each key's checksum is computed there while the engines move its bytes."""
     flat = [(i, loc) for i, locs in started.items() for loc in locs]
     descs = yield from resolve(ctx, [loc for _, loc in flat])
     transfers, owners, locs_of = [], [], []
@@ -183,7 +186,14 @@ def _write(
         transfers.append(Transfer(desc, loc.offset, views[i], loc.capability))
         owners.append(i)
         locs_of.append(loc)
-    batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
+
+    def checksums() -> None:  # views are only read meanwhile, by the engines and by this
+        if sums is not None and ctx.config.checksums:
+            for i in dict.fromkeys(owners):
+                if i not in sums:
+                    sums[i] = checksum_of(views[i])
+
+    batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers, checksums))
     for (i, loc), err in zip(zip(owners, locs_of, strict=True), batch.errors, strict=True):
         if err is not None and results[i] is None:
             results[i] = err if isinstance(err, KVStoreError) else TransferError(str(err))
