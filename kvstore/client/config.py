@@ -15,7 +15,8 @@ class ClientConfig:
     """Where the master is and how this client moves bytes.
 
     `segment_bytes` > 0 contributes a DRAM segment of that size to the pool (the client
-    becomes a node named `client_id`; its puts prefer it). `tenant` namespaces every
+    becomes a node named `client_id`; its puts prefer it), `ssd_dir` + `ssd_bytes` an SSD
+    segment beside it. `tenant` namespaces every
     key and group ("<tenant>/<key>" on the wire). `credentials` (grpc.ChannelCredentials)
     makes the master channel secure. `timeout_s` bounds every RPC and every transfer.
     `checksums` records an xxh3_64 per object at put and verifies it on every read.
@@ -27,6 +28,12 @@ class ClientConfig:
     segment_bytes: int = 0
     hbm_segment_bytes: int = 0  # device memory lent to the pool too (an HBM segment)
     hbm_device: str = "cuda"  # its torch device ("cpu" runs the same path without a GPU)
+    # An SSD segment lent beside them (kvstore.tiers.ssd_segment): a slab file of
+    # `ssd_bytes` (preallocated) and its index in `ssd_dir`, an existing directory of this
+    # client id only (it records the id). The master offloads cold objects of the lent
+    # DRAM there past its watermark and promotes them back on reads (master/tiering.py).
+    ssd_dir: str | None = None
+    ssd_bytes: int = 0
     tenant: str = ""
     credentials: object | None = None
     replicas: int = 1
@@ -79,6 +86,14 @@ class ClientConfig:
             )
         if self.segment_bytes < 0 or self.hbm_segment_bytes < 0:
             raise BadRequestError("segment_bytes and hbm_segment_bytes must be >= 0")
+        if self.ssd_bytes < 0:
+            raise BadRequestError("ssd_bytes must be >= 0")
+        if self.ssd_bytes and not self.ssd_dir:
+            raise BadRequestError("ssd_bytes > 0 needs ssd_dir")
+        if self.ssd_bytes and not (self.segment_bytes or self.hbm_segment_bytes):
+            raise BadRequestError(
+                "an SSD segment is lent beside segment_bytes or hbm_segment_bytes"
+            )
         if "/" in self.tenant:
             raise BadRequestError("tenant must not contain '/'")
         if not 1 <= self.replicas <= 16:
