@@ -101,9 +101,6 @@ class _Absent:
     def alloc_from_mem_pool(self, size: int) -> int:
         return 0  # Mooncake's "no memory" address
 
-    def get_offload_rpc_read_count(self) -> int:
-        return 0  # kvstore's SSD tier is read by its storage nodes, not by RPC offload
-
     # put/get sessions (two-phase writes of Mooncake's master): kvstore commits in one call
     def batch_put_session_start(self, keys: Sequence[str], sizes: Sequence[int],
                                 config: object = None) -> list[int]:  # fmt: skip

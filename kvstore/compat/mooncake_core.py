@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from kvstore.compat import mooncake_admin
+from kvstore.compat import mooncake_admin, mooncake_ssd
 from kvstore.compat.mooncake_codes import ErrorCode, code_of, put_code, remove_code
 from kvstore.compat.mooncake_config import parse_size, put_options
 from kvstore.compat.mooncake_types import BufferHandle, ReplicaDescriptor
@@ -36,7 +36,8 @@ BAD = int(ErrorCode.INVALID_PARAMS)
 NOT_READY = int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
 PORT_RANGE = (12300, 14300)  # where Mooncake picks a port when the hostname names none
 _SETUP_KEYS = ("metadata_server", "global_segment_size", "local_buffer_size", "protocol",
-               "rdma_devices", "master_server_addr", "tenant_id")  # fmt: skip
+               "rdma_devices", "master_server_addr", "tenant_id", "enable_ssd_offload",
+               "ssd_offload_path")  # fmt: skip
 
 
 def view_at(address: int, size: int) -> memoryview:
@@ -78,8 +79,12 @@ def _free_port(host: str) -> int:
     return ports[0]
 
 
-def _connect(master: str, protocol: str, segment_bytes: int, tenant_id: str) -> Any:
-    """A kvstore Client on `master`, checked with one Stats call (fail at setup, as Mooncake)."""
+def _connect(
+    master: str, protocol: str, segment_bytes: int, tenant_id: str,
+    ssd: mooncake_ssd.SsdOffload | None = None,
+) -> Any:  # fmt: skip
+    """A kvstore Client on `master`, checked with one Stats call (fail at setup, as
+    Mooncake); with `ssd`, its lent node has an SSD segment there too."""
     from kvstore.client.client import Client
     from kvstore.client.config import ClientConfig
 
@@ -88,6 +93,8 @@ def _connect(master: str, protocol: str, segment_bytes: int, tenant_id: str) -> 
         transport=transport_for(protocol),
         segment_bytes=int(segment_bytes),
         tenant="" if tenant_id in ("", "default") else tenant_id,
+        ssd_dir=ssd.directory if ssd else None,
+        ssd_bytes=ssd.capacity if ssd else 0,
     )
     client = Client(config)
     try:
@@ -124,6 +131,7 @@ class StoreCore:
         self._tenant = ""
         self._hostname = ""
         self._local_buffer = 0
+        self._ssd: mooncake_ssd.SsdOffload | None = None  # enable_ssd_offload's directory
         self._regions: dict[int, int] = {}  # registered buffers: address -> size
         # Mooncake leases an object to its writer too: keys put here, by put time
         self._written: OrderedDict[str, float] = OrderedDict()
@@ -168,15 +176,22 @@ class StoreCore:
                 raise BadRequestError(f"{name} must be a str, got {value!r}")
         segment = parse_size(global_segment_size, "global_segment_size")
         local = parse_size(local_buffer_size, "local_buffer_size")
+        offload = mooncake_ssd.flag(enable_ssd_offload, "enable_ssd_offload")
+        if offload and not segment:
+            log.warning("setup: enable_ssd_offload without a global segment: no SSD is lent")
+            offload = False
         with self._lock:
             if self._client is not None:
                 return BAD
+            ssd = mooncake_ssd.plan(ssd_offload_path, segment) if offload else None
             try:
-                client = _connect(master_server_addr, protocol, segment, tenant_id)
+                client = _connect(master_server_addr, protocol, segment, tenant_id, ssd)
             except Exception as exc:  # the API reports codes, never raises
+                mooncake_ssd.remove(ssd)  # nothing is left behind
                 log.warning("setup failed: %s", exc)
                 return code_of(exc)
             self._client, self._master, self._local_buffer = client, master_server_addr, local
+            self._ssd = ssd
             _LIVE.add(self)
             self._tenant = client.config.tenant
             host = local_hostname or "localhost"
@@ -202,13 +217,22 @@ class StoreCore:
     def close(self) -> int:
         with self._lock:
             client, self._client = self._client, None
+            ssd, self._ssd = self._ssd, None
         if client is not None:
             try:
                 client.close()
             except Exception as exc:  # never raise through the engine
                 log.warning("close: %s", exc)
                 return code_of(exc)
+            finally:
+                mooncake_ssd.remove(ssd)  # its node is stopped: no later client serves it
         return OK
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads this store served from a LOCAL_DISK (SSD) replica since setup (Mooncake:
+        its reads through the offload RPC of a FileStorage); 0 before setup."""
+        client = self._client
+        return 0 if client is None else int(client.ops.ctx.ssd_reads)
 
     def get_hostname(self) -> str:
         """ "host:port" as set up (a port in 12300..14300 when none was given); "" before."""

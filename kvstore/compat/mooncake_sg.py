@@ -226,6 +226,8 @@ def _read(ctx: OpContext, plan: Sequence[_Read], parts: Sequence[Parts],
         verify = checksum and (force or loc.tier == Tier.SSD or ctx.config.verify_dram)
         if verify and digest(targets[i]) != checksum:
             results[i] = CorruptError(f"the replica in {loc.segment!r} fails its checksum")
+    served = [i for i, loc, _, _ in plan if loc.tier == Tier.SSD and isinstance(results[i], int)]
+    ctx.ssd_reads += len(served)  # get_offload_rpc_read_count
 
 
 COPY_CHUNK = 256 << 10  # fits in L2: each chunk is hashed right after it is copied
