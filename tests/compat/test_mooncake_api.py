@@ -393,6 +393,12 @@ UPSTREAM_SUITES = [
     "test_put_get_tensor.py",  # imports mooncake.structured_object_store (the shim's)
     "test_structured_object_store.py",
     "test_batch_replica_clear.py",  # per-segment clear: Remove(node_id)
+    # SSD offload (setup's 9th argument, enable_ssd_offload; the directory from
+    # $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH): all on the master's defaults (watermarks
+    # 0.95/0.85, promote_after 2; the suite reads a LOCAL_DISK key 4 times)
+    "test_ssd_offload_in_evict.py",  # 7-argument setup: DRAM eviction, no SSD (as there)
+    "test_offload_on_eviction.py",  # a small workload stays MEMORY-only
+    "test_promotion_on_hit.py",  # overflow -> LOCAL_DISK-only -> reads -> MEMORY again
 ]
 # Runs on Mooncake's own in-memory fake store (no facade) and asserts that two threads'
 # puts overlapped in time: on a busy 2-core host they sometimes do not.
@@ -412,11 +418,16 @@ def test_mooncake_own_suite_on_facade(suite: str, tmp_path: Path) -> None:
     # suites lend 1.6 GB segments from one process, populated at setup, and on a loaded
     # 2-core host the other stores' heartbeats then lapse past 2 s (nodes declared dead).
     liveness = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}
+    offload = tmp_path / "offload"  # the SSD suites' FileStorage path (a directory per store)
+    offload.mkdir()
     with Cluster(nodes=0, workdir=tmp_path, master_options=liveness) as pool:
         env = dict(os.environ, MASTER_SERVER=pool.address, DEFAULT_KV_LEASE_TTL="5000",
+                   MOONCAKE_OFFLOAD_FILE_STORAGE_PATH=str(offload),
                    PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))  # fmt: skip
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                               "-o", "faulthandler_timeout=120",
                               str(Path(UPSTREAM) / suite), *UPSTREAM_DESELECT], env=env,
                              cwd=tmp_path, capture_output=True, text=True, timeout=840)  # fmt: skip
+    print(f"{suite}: {run.stdout.strip().splitlines()[-1:]}")  # upstream's summary (-s)
     assert run.returncode == 0, run.stdout[-4000:]
+    assert list(offload.iterdir()) == []  # each store removed its SSD directory at close
