@@ -32,9 +32,10 @@ from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 log = logging.getLogger(__name__)
 
 POLL_MS = 1000
-MAX_TASKS = 32
+MAX_TASKS = 256  # a batched put's PERSISTs come back in one poll
 IO_DEPTH = 4  # moves run at once (SSD queue depth)
 Release = Callable[[], None]
+_COPY = master_pb2.TASK_KIND_COPY
 
 
 class TaskWorker:
@@ -128,8 +129,16 @@ class TaskWorker:
             by_key.setdefault(task.key, []).append(task)
         if len(by_key) == 1:
             return [self.run(t) for t in tasks]
-        futures = [self._pool.submit(self._run_in_order, group) for group in by_key.values()]
-        return [r for f in futures for r in f.result()]
+        # Index-only groups (PERSIST, FORGET: a RocksDB write, no bytes moved) run here,
+        # while the groups with a COPY run on the pool: a thread hand-off per PERSIST
+        # would cost more than the PERSIST itself (a batched SSD put waits on them all).
+        inline: list[list[master_pb2.NodeTask]] = []
+        moving: list[list[master_pb2.NodeTask]] = []
+        for group in by_key.values():
+            (moving if any(t.kind == _COPY for t in group) else inline).append(group)
+        futures = [self._pool.submit(self._run_in_order, group) for group in moving]
+        done = [r for group in inline for r in self._run_in_order(group)]
+        return done + [r for f in futures for r in f.result()]
 
     def _run_in_order(self, group: list[master_pb2.NodeTask]) -> list[master_pb2.TaskResult]:
         return [self.run(t) for t in group if not self._stop.is_set()]
