@@ -22,9 +22,9 @@ from kvstore.compat.mooncake_codes import ErrorCode
 from kvstore.compat.mooncake_config import ObjectDataType, ReplicateConfig, SoftPinAction
 from kvstore.compat.mooncake_core import transport_for, view_at
 from kvstore.compat.mooncake_multi import MultiBufferApi
+from kvstore.compat.mooncake_parallel import ParallelismApi
 from kvstore.compat.mooncake_pool import BufferLease, BufferPool
 from kvstore.compat.mooncake_tensor import HEADER_BYTES
-from kvstore.compat.mooncake_tensor_api import TensorApi
 from kvstore.compat.mooncake_types import (
     BufferHandle,
     DiskDescriptor,
@@ -98,9 +98,6 @@ class _Absent:
     def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
         return NOT_SUPPORTED
 
-    def alloc_from_mem_pool(self, size: int) -> int:
-        return 0  # Mooncake's "no memory" address
-
     # put/get sessions (two-phase writes of Mooncake's master): kvstore commits in one call
     def batch_put_session_start(self, keys: Sequence[str], sizes: Sequence[int],
                                 config: object = None) -> list[int]:  # fmt: skip
@@ -127,33 +124,21 @@ def _not_supported_one(self: Any, key: str, *args: Any, **kwargs: Any) -> int:
     return NOT_SUPPORTED
 
 
-def _none_list(self: Any, keys: Sequence[str], *args: Any, **kwargs: Any) -> list[Any]:
-    return [None] * len(keys)
-
-
 def _none_one(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
     return None
 
 
-# Unified-parallelism tensor IO and CUDA-tensor forms: not offered (see the docs).
+# CUDA-tensor and safetensors forms: not offered (see the docs). The parallelism forms
+# serve their whole-object route only (mooncake_parallel.py).
 _ABSENT_FORMS: dict[str, Any] = {
-    **{n: _not_supported_one for n in (
-        "put_tensor_with_parallelism", "put_tensor_with_parallelism_from",
-        "upsert_tensor_with_parallelism", "upsert_tensor_with_parallelism_from",
-        "get_tensor_into_cuda", "save_tensor_to_safetensor")},
-    **{n: _not_supported_list for n in (
-        "batch_put_tensor_with_parallelism", "batch_put_tensor_with_parallelism_from",
-        "batch_upsert_tensor_with_parallelism", "batch_upsert_tensor_with_parallelism_from",
-        "batch_get_tensor_into_cuda")},
-    **{n: _none_one for n in (
-        "get_tensor_with_parallelism", "get_tensor_with_parallelism_into",
-        "load_tensor_from_safetensor")},
-    **{n: _none_list for n in (
-        "batch_get_tensor_with_parallelism", "batch_get_tensor_with_parallelism_into")},
-}  # fmt: skip
+    "get_tensor_into_cuda": _not_supported_one,
+    "save_tensor_to_safetensor": _not_supported_one,
+    "batch_get_tensor_into_cuda": _not_supported_list,
+    "load_tensor_from_safetensor": _none_one,
+}
 
 
-class MooncakeDistributedStore(TensorApi, MultiBufferApi, _Absent):
+class MooncakeDistributedStore(ParallelismApi, MultiBufferApi, _Absent):
     """Mooncake Store's Python API over kvstore. Every method returns, never raises."""
 
 

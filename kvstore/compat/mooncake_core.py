@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from kvstore.compat import mooncake_admin, mooncake_ssd
 from kvstore.compat.mooncake_codes import ErrorCode, code_of, put_code, remove_code
 from kvstore.compat.mooncake_config import parse_size, put_options
+from kvstore.compat.mooncake_mempool import MemPool
 from kvstore.compat.mooncake_types import BufferHandle, ReplicaDescriptor
 from kvstore.errors import BadRequestError, ExistsError, KVStoreError, NotFoundError
 
@@ -133,6 +134,7 @@ class StoreCore:
         self._local_buffer = 0
         self._ssd: mooncake_ssd.SsdOffload | None = None  # enable_ssd_offload's directory
         self._regions: dict[int, int] = {}  # registered buffers: address -> size
+        self._mem = MemPool()  # alloc_from_mem_pool's mappings, unmapped at close
         # Mooncake leases an object to its writer too: keys put here, by put time
         self._written: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
@@ -201,7 +203,9 @@ class StoreCore:
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
         """A client that lends no memory, as Mooncake's dummy client: here
         `server_address` is the kvstore master that the local store process (a
-        `kvstore node` beside it) serves; `mem_pool_size` is the staging size."""
+        `kvstore node` beside it) serves. Nothing is allocated for either size (Mooncake
+        maps and populates `local_buffer_size` of shared memory): the larger is the
+        staging limit of the non-zero-copy calls; `alloc_from_mem_pool` maps on demand."""
         return self.setup(
             "localhost", "P2PHANDSHAKE", 0, max(int(mem_pool_size), int(local_buffer_size)),
             "tcp", "", server_address,
@@ -226,7 +230,16 @@ class StoreCore:
                 return code_of(exc)
             finally:
                 mooncake_ssd.remove(ssd)  # its node is stopped: no later client serves it
+                self._mem.release()  # no client reads or writes them any more
         return OK
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of `size` zeroed bytes of host memory, valid until `close()`, for
+        `register_buffer` and the zero-copy calls; 0 before setup or when it cannot be
+        mapped (Mooncake's "no memory"). Backed lazily: pages get memory when touched."""
+        if self._client is None:
+            return 0
+        return self._mem.alloc(size)
 
     def get_offload_rpc_read_count(self) -> int:
         """Reads this store served from a LOCAL_DISK (SSD) replica since setup (Mooncake:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvstore.compat import mooncake_tensor as mt
 from kvstore.compat.mooncake_codes import code_of
-from kvstore.compat.mooncake_core import BAD, OK, StoreCore, view_at
+from kvstore.compat.mooncake_core import BAD, NOT_READY, OK, StoreCore, view_at
 from kvstore.errors import KVStoreError
 
 
@@ -77,7 +77,7 @@ class TensorApi(StoreCore):
         return self._tensor_from(keys, buffer_ptrs, sizes, True)
 
     def _tensor_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int],
-                     upsert: bool) -> list[int]:  # fmt: skip
+                     upsert: bool, config: object = None) -> list[int]:  # fmt: skip
         if not len(keys) == len(ptrs) == len(sizes):
             return [BAD] * len(keys)
         for p, s in zip(ptrs, sizes, strict=True):
@@ -85,7 +85,7 @@ class TensorApi(StoreCore):
                 mt.decode(view_at(p, s))
             except (KVStoreError, TypeError, ValueError):
                 return [BAD] * len(keys)
-        return self._batch_from(keys, ptrs, sizes, None, upsert)
+        return self._batch_from(keys, ptrs, sizes, config, upsert)
 
     # -- reads ------------------------------------------------------------------
 
@@ -102,12 +102,16 @@ class TensorApi(StoreCore):
     def batch_get_tensor_into(
         self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]
     ) -> list[Any]:
-        """Read each encoded tensor into its buffer; a tensor viewing that buffer, or None."""
+        """Read each encoded tensor into its buffer; a tensor viewing that buffer, or None.
+        As Mooncake, a call it cannot start (list lengths differ, a null buffer) is a
+        code per key instead: -600 (-1010 before setup)."""
+        if self._client is None:
+            return [NOT_READY] * len(keys)
+        if not len(keys) == len(buffer_ptrs) == len(sizes) or not all(buffer_ptrs):
+            return [BAD] * len(keys)
         results = self.batch_get_into(keys, buffer_ptrs, sizes)
-        out: list[Any] = []
-        for ptr, n in zip(buffer_ptrs, results, strict=False):
-            out.append(_decoded(view_at(ptr, n)) if n > 0 else None)
-        return out + [None] * (len(keys) - len(out))
+        return [_decoded(view_at(ptr, n)) if n > 0 else None
+                for ptr, n in zip(buffer_ptrs, results, strict=True)]  # fmt: skip
 
     # -- tensor parallel --------------------------------------------------------
 

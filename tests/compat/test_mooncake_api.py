@@ -19,6 +19,7 @@ from kvstore.compat.mooncake import (
     MooncakeDistributedStore,
     ReplicateConfig,
     SoftPinAction,
+    view_at,
 )
 from kvstore.compat.mooncake_config import parse_size
 from kvstore.compat.shim import SHIM_DIR
@@ -354,8 +355,55 @@ def test_group_ids_and_not_supported(store: MooncakeDistributedStore) -> None:
     assert store.create_copy_task("g1", ["x"])[1] == NOT_SUPPORTED
     assert store.mount_segment("/dev/null", 1 << 20)["error_code"] == NOT_SUPPORTED
     assert store.batch_put_session_start(["a", "b"], [1, 1]) == [NOT_SUPPORTED] * 2
-    assert store.put_tensor_with_parallelism("t", torch.ones(2)) == NOT_SUPPORTED
-    assert store.batch_get_tensor_with_parallelism(["t"]) == [None]
+    tp = {"axes": [{"kind": "tp", "rank": 0, "size": 2}]}
+    assert store.put_tensor_with_parallelism("t", torch.ones(2), tp) == NOT_SUPPORTED
+    assert store.batch_get_tensor_with_parallelism(["t"], [tp]) == [None]
+
+
+def test_parallelism_forms_whole_object_route(store: MooncakeDistributedStore) -> None:
+    """No parallelism / writer partition / target: Mooncake's direct full-object route,
+    the same object as put_tensor / get_tensor."""
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert store.put_tensor_with_parallelism("par", t) == 0
+    assert torch.equal(store.get_tensor("par"), t)
+    assert torch.equal(store.get_tensor_with_parallelism("par"), t)
+    assert store.batch_put_tensor_with_parallelism(["pb0", "pb1"], [t + 1, t + 2]) == [0, 0]
+    got = store.batch_get_tensor_with_parallelism(["pb0", "pb1", "nope"])
+    assert torch.equal(got[0], t + 1) and torch.equal(got[1], t + 2) and got[2] is None
+    assert store.upsert_tensor_with_parallelism("par", t * 2) == 0
+    assert torch.equal(store.get_tensor("par"), t * 2)
+    n = store.get_size("par")
+    buf = torch.zeros(n, dtype=torch.uint8)
+    assert store.get_into("par", buf.data_ptr(), n) == n
+    assert store.put_tensor_with_parallelism_from("pf", buf.data_ptr(), n) == 0
+    assert store.batch_upsert_tensor_with_parallelism_from(["pf"], [buf.data_ptr()], [n]) == [0]
+    assert torch.equal(store.get_tensor_with_parallelism_into("pf", buf.data_ptr(), n), t * 2)
+    assert store.put_tensor_with_parallelism_from("pbad", buf.data_ptr() + 1, 16) == BAD
+    assert store.batch_put_tensor_with_parallelism(["x", "y"], [t]) == [BAD, BAD]
+    # a call batch_get_tensor_into cannot start is a code per key (Mooncake's -600)
+    assert store.batch_get_tensor_into(["par", "nope"], [buf.data_ptr()], [n]) == [BAD, BAD]
+    assert store.batch_get_tensor_into(["par"], [0], [n]) == [BAD]
+
+
+def test_alloc_from_mem_pool_is_lazy_and_usable(store: MooncakeDistributedStore) -> None:
+    """Mooncake's dummy-client tests write into alloc_from_mem_pool memory and register
+    it: a fresh zeroed mapping, whose size is address space until touched."""
+    import resource
+
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    big = store.alloc_from_mem_pool(3200 * MiB)  # the suites' mem_pool_size, not touched
+    assert big != 0 and big % 4096 == 0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_kib < 64 << 10
+    ptr = store.alloc_from_mem_pool(64 * 1024)
+    assert ptr != 0 and bytes(view_at(ptr, 16)) == bytes(16)
+    ctypes.memmove(ptr, b"from the mem pool", 17)
+    assert store.register_buffer(ptr, 64 * 1024) == 0
+    assert store.put_from("mp", ptr, 17) == 0 and store.get("mp") == b"from the mem pool"
+    assert store.get_into("mp", ptr + 4096, 4096) == 17
+    assert bytes(view_at(ptr + 4096, 17)) == b"from the mem pool"
+    assert store.unregister_buffer(ptr) == 0
+    assert store.alloc_from_mem_pool(0) == 0 and store.alloc_from_mem_pool(-1) == 0
+    assert MooncakeDistributedStore().alloc_from_mem_pool(4096) == 0  # not set up
 
 
 def test_setup_dummy_lends_nothing(cluster: Cluster, store: MooncakeDistributedStore) -> None:
@@ -431,3 +479,77 @@ def test_mooncake_own_suite_on_facade(suite: str, tmp_path: Path) -> None:
     print(f"{suite}: {run.stdout.strip().splitlines()[-1:]}")  # upstream's summary (-s)
     assert run.returncode == 0, run.stdout[-4000:]
     assert list(offload.iterdir()) == []  # each store removed its SSD directory at close
+
+
+# Mooncake's dummy-client suites call setup_dummy(3200 MB, 512 MB, "127.0.0.1:50052"):
+# there, the address of the `mooncake_client` process (it holds the memory) that
+# Mooncake's CI starts beside mooncake_master (scripts/run_tests.sh, which then runs
+# test_dummy_client.py, and test_multi_dummy_clients.py twice at once as client1 and
+# client2). Here 127.0.0.1:50052 is a kvstore master and the memory is one `kvstore node`;
+# the facade allocates nothing for either size (alloc_from_mem_pool maps lazily).
+DUMMY_ADDRESS = ("127.0.0.1", 50052)
+DUMMY_SUITES = ["test_dummy_client.py", "test_multi_dummy_clients.py"]
+DUMMY_NODE_BYTES = 256 * MiB  # the suites put ~2 MB at once (their CUDA cases 32 MiB)
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _summary(text: str) -> str:
+    """The last line that says how a run went (pytest's summary, unittest's OK/FAILED)."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if ln.startswith(("OK", "FAILED", "Ran ", "="))
+                 or " passed" in ln or " failed" in ln), lines[-1] if lines else "")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not RUN_UPSTREAM or not Path(UPSTREAM).is_dir(),
+                    reason="Mooncake's own suites: set KVSTORE_MOONCAKE_SUITES=1")  # fmt: skip
+@pytest.mark.parametrize("suite", DUMMY_SUITES)
+def test_mooncake_own_suite_dummy_clients_on_facade(suite: str, tmp_path: Path) -> None:
+    host, port = DUMMY_ADDRESS
+    if not _port_free(host, port):
+        pytest.skip(f"{host}:{port} (the suites' fixed real-client address) is in use")
+    liveness = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}  # as the suites above
+    with Cluster(nodes=1, dram_bytes=DUMMY_NODE_BYTES, workdir=tmp_path,
+                 master_options=liveness, address=f"{host}:{port}") as pool:  # fmt: skip
+        assert pool.address == f"{host}:{port}"
+        env = dict(os.environ, DEFAULT_KV_LEASE_TTL="5000",
+                   PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))  # fmt: skip
+        path = str(Path(UPSTREAM) / suite)
+        if suite == "test_multi_dummy_clients.py":
+            # as Mooncake's CI: two processes at once, each its own unittest main
+            procs = [subprocess.Popen([sys.executable, path, "--client-id", cid], env=env,
+                                      cwd=tmp_path, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                     for cid in ("client1", "client2")]  # fmt: skip
+            try:
+                outs = [p.communicate(timeout=300)[0] for p in procs]
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            for cid, out in zip(("client1", "client2"), outs, strict=True):
+                print(f"{suite} --client-id {cid}: {_summary(out)}")
+            for p, out in zip(procs, outs, strict=True):
+                assert p.returncode == 0, out[-4000:]
+            return
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "-o", "faulthandler_timeout=120", "-rs", path], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=540)  # fmt: skip
+    print(f"{suite}: {_summary(run.stdout)}")
+    for line in run.stdout.splitlines():
+        if line.startswith("SKIPPED"):
+            print(f"  {line}")  # which skipped itself and why (-rs): the CUDA-only cases
+    assert run.returncode == 0, run.stdout[-4000:]
