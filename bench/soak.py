@@ -1,6 +1,7 @@
 """Soak: many clients against a 3-master (etcd), 3-node pool for a while.
 
     python bench/soak.py [--seconds 1800] [--clients 8] [--ci] [--kill-leader-every S] [--json]
+                         [--keep-workdir]
 
 Each client thread loops: put a fresh key (4 KiB, deterministic bytes), read back one of
 its recent keys, now and then remove one. The pool is smaller than what is written,
@@ -12,7 +13,8 @@ failure; a missing key must have been evicted (the master counts evictions). Tha
 belief is one byte per put (`Worker.present`, a bytearray by key number), so this
 process's own bookkeeping grows ~0.02 MiB/min and its RSS slope is the clients'.
 `--ci` is a 3-minute run. Targets (issue 11): RSS slope of every process < 1 MiB/min
-after warm-up, 0 integrity failures. Writes bench/results/soak.json.
+after warm-up, 0 integrity failures. Writes bench/results/soak.json. The temporary
+directory (etcd's data, the processes' logs) is removed at the end unless --keep-workdir.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -144,21 +147,10 @@ def processes(c: HACluster, etcd: Etcd) -> dict[str, int]:
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=1800)
-    p.add_argument("--ci", action="store_true", help="a 3-minute run")
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--sample-s", type=float, default=5.0)
-    p.add_argument("--kill-leader-every", type=float, default=0.0, help="0 = never")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "soak.json"))
-    args = p.parse_args()
-    if find_etcd() is None:
-        print("bench/soak.py: no etcd binary (apt-get install etcd-server)", file=sys.stderr)
-        return 4
-    seconds = 180.0 if args.ci else args.seconds
-    workdir = Path(tempfile.mkdtemp(prefix="kvs-soak-"))
+def run(
+    args: argparse.Namespace, seconds: float, workdir: Path
+) -> tuple[dict[str, list[tuple[float, float]]], int, list[Worker], dict[str, int], int]:
+    """The soak itself: RSS samples by process, leader kills, workers, integrity, evictions."""
     samples: dict[str, list[tuple[float, float]]] = {}
     kills = 0
     with Etcd(workdir / "etcd") as etcd, HACluster(
@@ -189,6 +181,32 @@ def main() -> int:
             w.join(60)
         check = integrity(c.address, workers)
         evictions = int(c.stats().evictions)
+    return samples, kills, workers, check, evictions
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=1800)
+    p.add_argument("--ci", action="store_true", help="a 3-minute run")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--kill-leader-every", type=float, default=0.0, help="0 = never")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "soak.json"))
+    p.add_argument("--keep-workdir", action="store_true", help="keep etcd's data and the logs")
+    args = p.parse_args()
+    if find_etcd() is None:
+        print("bench/soak.py: no etcd binary (apt-get install etcd-server)", file=sys.stderr)
+        return 4
+    seconds = 180.0 if args.ci else args.seconds
+    workdir = Path(tempfile.mkdtemp(prefix="kvs-soak-"))
+    try:
+        samples, kills, workers, check, evictions = run(args, seconds, workdir)
+    finally:
+        if args.keep_workdir:
+            print(f"bench/soak.py: logs and etcd data kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     warm = seconds / 4
     slopes = {
         name: round(slope_mib_per_min([pt for pt in pts if pt[0] >= warm]), 3)
