@@ -124,17 +124,11 @@ def _not_supported_one(self: Any, key: str, *args: Any, **kwargs: Any) -> int:
     return NOT_SUPPORTED
 
 
-def _none_one(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
-    return None
-
-
-# CUDA-tensor and safetensors forms: not offered (see the docs). The parallelism forms
+# CUDA-tensor forms: not offered (see the docs). The parallelism forms
 # serve their whole-object route only (mooncake_parallel.py).
 _ABSENT_FORMS: dict[str, Any] = {
     "get_tensor_into_cuda": _not_supported_one,
-    "save_tensor_to_safetensor": _not_supported_one,
     "batch_get_tensor_into_cuda": _not_supported_list,
-    "load_tensor_from_safetensor": _none_one,
 }
 
 

@@ -28,6 +28,7 @@ class ErrorCode(IntEnum):
     RPC_FAIL = -900
     UNAVAILABLE_IN_CURRENT_STATUS = -1010  # called before setup or after close
     NOT_SUPPORTED = -1012  # an operation the facade does not offer (docs/mooncake_compat.md)
+    FILE_NOT_FOUND = -1100  # save_tensor_to_safetensor of a key holding no tensor
     TASK_NOT_FOUND = -1400
 
 

@@ -6,13 +6,16 @@ writes return Mooncake codes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from kvstore.compat import mooncake_tensor as mt
-from kvstore.compat.mooncake_codes import code_of
+from kvstore.compat.mooncake_codes import ErrorCode, code_of
 from kvstore.compat.mooncake_core import BAD, NOT_READY, OK, StoreCore, view_at
 from kvstore.errors import KVStoreError
+
+log = logging.getLogger(__name__)
 
 
 class TensorApi(StoreCore):
@@ -112,6 +115,53 @@ class TensorApi(StoreCore):
         results = self.batch_get_into(keys, buffer_ptrs, sizes)
         return [_decoded(view_at(ptr, n)) if n > 0 else None
                 for ptr, n in zip(buffer_ptrs, results, strict=True)]  # fmt: skip
+
+    # -- safetensors files (Mooncake's store_py.cpp does the same through safetensors.torch)
+
+    def save_tensor_to_safetensor(self, key: str, file_name: str | None = None) -> int:
+        """Write the tensor stored under `key` to the safetensors file `file_name` (default:
+        the key), as its one entry named `key`. 0; -600 before setup or when the file cannot
+        be written; -1100 FILE_NOT_FOUND when `key` holds no tensor (Mooncake's codes)."""
+        if self._client is None:
+            return BAD
+        tensor = self.get_tensor(key)
+        if tensor is None:
+            return int(ErrorCode.FILE_NOT_FOUND)
+        try:
+            from safetensors.torch import save_file
+
+            save_file({key: tensor.contiguous()}, key if file_name is None else str(file_name))
+        except Exception as exc:  # a code, never an exception (as Mooncake)
+            log.error("save_tensor_to_safetensor(%r) failed: %s", key, exc)
+            return BAD
+        return OK
+
+    def load_tensor_from_safetensor(self, key: str | None = None,
+                                    file_name: str | None = None) -> Any:  # fmt: skip
+        """Read a safetensors file and put_tensor its entry named `key` (the first entry if
+        none is; `key` None: the first entry, stored under `file_name`). The tensor, or None
+        (before setup, unreadable or empty file, failed put)."""
+        if self._client is None or file_name is None:
+            return None
+        try:
+            from safetensors.torch import load_file
+
+            loaded = load_file(str(file_name))
+        except Exception as exc:  # None, never an exception (as Mooncake)
+            log.error("load_tensor_from_safetensor(%r) failed: %s", file_name, exc)
+            return None
+        if not loaded:
+            log.error("no tensors in safetensors file %r", file_name)
+            return None
+        target = str(file_name) if key is None else key
+        if key is not None and key not in loaded:
+            log.warning("%r not in safetensors file %r; using its first entry", key, file_name)
+        tensor = loaded[key] if key is not None and key in loaded else next(iter(loaded.values()))
+        rc = self.put_tensor(target, tensor)
+        if rc != OK:
+            log.error("load_tensor_from_safetensor: put_tensor(%r) returned %d", target, rc)
+            return None
+        return tensor
 
     # -- tensor parallel --------------------------------------------------------
 

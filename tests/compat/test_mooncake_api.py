@@ -447,6 +447,7 @@ UPSTREAM_SUITES = [
     "test_ssd_offload_in_evict.py",  # 7-argument setup: DRAM eviction, no SSD (as there)
     "test_offload_on_eviction.py",  # a small workload stays MEMORY-only
     "test_promotion_on_hit.py",  # overflow -> LOCAL_DISK-only -> reads -> MEMORY again
+    "test_safetensor_functions.py",  # save/load_tensor_to/from_safetensor (safetensors.torch)
 ]
 # Runs on Mooncake's own in-memory fake store (no facade) and asserts that two threads'
 # puts overlapped in time: on a busy 2-core host they sometimes do not.
