@@ -19,7 +19,6 @@ from kvstore.compat.mooncake import (
     transport_for,
 )
 from kvstore.compat.mooncake_codes import ErrorCode
-from kvstore.errors import NoSpaceError
 from tests.cluster import Cluster, cluster_fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,19 +87,25 @@ def test_unregistered_memory_still_works(store: MooncakeDistributedStore) -> Non
 
 
 def test_buffer_pool_leases_registered_memory(store: MooncakeDistributedStore) -> None:
-    pool = BufferPool(store, max_bytes=3 * MiB, max_regions=1)
+    """Mooncake's pool: max_regions leases at once, RuntimeError past it (non-blocking),
+    no close while leases are out."""
+    pool = BufferPool(store, max_bytes=3 * MiB, max_regions=2)
     a, b = pool.acquire(MiB), pool.acquire(2 * MiB, block=False)
-    with pytest.raises(NoSpaceError):
-        pool.acquire(1)
+    with pytest.raises(RuntimeError, match="exhausted"):
+        pool.acquire(1, block=False)
     pool.check_integrity()
     a.buffer[:5] = b"lease"
     assert store.put_from("leased-buf", a.ptr, 5) == 0
     assert store.get_into("leased-buf", b.ptr, b.size) == 5 and bytes(b.buffer[:5]) == b"lease"
     assert store.register_buffer(a.ptr, 64) == BAD  # already registered by the pool
+    a_ptr, b_ptr = a.ptr, b.ptr
     a.release()
-    assert store.register_buffer(a.ptr, 64) == 0 and store.unregister_buffer(a.ptr) == 0
+    assert store.register_buffer(a_ptr, 64) == 0 and store.unregister_buffer(a_ptr) == 0
+    with pytest.raises(RuntimeError, match="active leases"):
+        pool.close()
+    b.release()
     pool.close()
-    assert store.unregister_buffer(b.ptr) == BAD  # close released (unregistered) it
+    assert store.unregister_buffer(b_ptr) == BAD  # release unregistered it
     pool.check_integrity()
 
 
