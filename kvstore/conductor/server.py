@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvstore import edge
+from kvstore import edge, failover
 from kvstore.conductor.fleet import EngineFleet
 from kvstore.conductor.nodes import NodeDirectory
 from kvstore.conductor.service import ConductorServicer
@@ -56,7 +56,7 @@ async def start(config: ConductorConfig) -> ConductorServer:
     master_channel = None
     master = None
     if config.master:
-        master_channel = edge.aio_channel(config.master)
+        master_channel = failover.aio_failover_channel(config.master)  # one or an HA list
         master = master_pb2_grpc.MasterStub(master_channel)
     fleet = config.fleet().start() if config.vllm else None  # KV-event ingesters
     servicer = ConductorServicer(config, directory, master, fleet)
