@@ -1,7 +1,7 @@
 """Soak: many clients against a 3-master (etcd), 3-node pool for a while.
 
     python bench/soak.py [--seconds 1800] [--clients 8] [--ci] [--kill-leader-every S] [--json]
-                         [--keep-workdir]
+                         [--keep-workdir] [--no-serving] [--burst-every 30] [--burst-size 32]
 
 Each client thread loops: put a fresh key (4 KiB, deterministic bytes), read back one of
 its recent keys, now and then remove one. The pool is smaller than what is written,
@@ -12,6 +12,17 @@ every key a client still believes present is read: a wrong byte is an integrity
 failure; a missing key must have been evicted (the master counts evictions). That
 belief is one byte per put (`Worker.present`, a bytearray by key number), so this
 process's own bookkeeping grows ~0.02 MiB/min and its RSS slope is the clients'.
+With the serving workload (on by default; `--no-serving` leaves it out) the same pool
+also serves: a prefill node and a decode node (the reference engine's tiny model,
+given the masters' HA list) behind a conductor (also given the list). A driver thread
+sends a steady stream of generate requests through `ConductorClient` (4 shared 64-token
+prefixes x 6 suffixes; a prompt must always get the same greedy tokens), and every
+`--burst-every` seconds `--burst-size` requests arrive at once, each with a TTFT
+objective a deep prefill queue misses and together far more KV than the decode node's
+32 blocks hold, so the conductor's admission control rejects some (RESOURCE_EXHAUSTED,
+`retry-after-ms` trailing metadata and "retry after Xs" in the message): each
+rejection must carry a hint and is retried after it; no untyped error, no process
+dies. Their RSS is sampled as the others'.
 `--ci` is a 3-minute run. Targets (issue 11): RSS slope of every process < 1 MiB/min
 after warm-up, 0 integrity failures. Writes bench/results/soak.json. The temporary
 directory (etcd's data, the processes' logs) is removed at the end unless --keep-workdir.
@@ -22,22 +33,30 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import grpc  # noqa: E402
+
 from kvstore.client import Client  # noqa: E402
+from kvstore.client.conductor import ConductorClient, GenerateOptions, build_request  # noqa: E402
+from kvstore.edge import rpc_error  # noqa: E402
 from kvstore.errors import CorruptError, KVStoreError, NoSpaceError, NotFoundError  # noqa: E402
+from kvstore.v1 import conductor_pb2_grpc  # noqa: E402
 from tests.ha.etcd import Etcd, find_etcd  # noqa: E402
 from tests.ha.hacluster import HACluster  # noqa: E402
 from tests.ha.storm import value_of  # noqa: E402
+from tests.serving.helpers import NodeProcess, ServiceProcess, start_nodes  # noqa: E402
 
 VALUE = 4096
 
@@ -136,52 +155,269 @@ def integrity(address: str, workers: list[Worker]) -> dict[str, int]:
     return {"verified": ok, "evicted": missing, "integrity_failures": bad}
 
 
-def processes(c: HACluster, etcd: Etcd) -> dict[str, int]:
+PREFIXES, SUFFIXES = 4, 6  # 24 prompts; each prefix 4 full blocks, shared by 6 suffixes
+DECODE_BLOCKS = 32  # the decode node's KV: 512 tokens, 4 burst requests at once
+HINT_RE = re.compile(r"retry after ([0-9.]+)s")
+
+
+def prompt_of(i: int) -> list[int]:
+    p, s = divmod(i % (PREFIXES * SUFFIXES), SUFFIXES)
+    prefix = [(31 * p + 7 * j + 3) % 256 for j in range(64)]
+    return prefix + [(11 * s + 5 * j + p + 1) % 256 for j in range(20)]
+
+
+class ServingLoad:
+    """The serving workload's driver: a steady stream (ConductorClient) and bursts
+    (the raw stub, to read the `retry-after-ms` trailing metadata of a rejection)."""
+
+    def __init__(self, conductor: str, stop: threading.Event, args: argparse.Namespace) -> None:
+        self.stop, self.args = stop, args
+        self.client = ConductorClient(conductor, deadline_s=60.0)
+        self.channel = grpc.insecure_channel(conductor)
+        self.stub = conductor_pb2_grpc.ConductorStub(self.channel)
+        self.lock = threading.Lock()
+        self.counts = {
+            "requests_ok": 0, "requests_failed": 0, "steady_ok": 0, "burst_ok": 0,
+            "bursts": 0, "burst_requests": 0, "rejections": 0, "rejections_with_hint": 0,
+            "hint_metadata_mismatch": 0, "retries_then_ok": 0, "given_up": 0,
+            "token_mismatches": 0, "rejected_at_stop": 0, "rejected_ttft": 0, "rejected_kv": 0,
+            "rejected_other": 0, "steady_conductor_matched": 0, "steady_prefill_cached": 0,
+        }  # fmt: skip
+        self.error_types: set[str] = set()
+        self.untyped: list[str] = []
+        self.tokens: dict[tuple[int, int], tuple[int, ...]] = {}  # (prompt, max_tokens) ->
+        self.idle_ttft_s = 0.0  # the conductor's TTFT prediction for a steady request
+        self.threads: list[threading.Thread] = []
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[name] += n
+
+    def start(self) -> None:
+        for target in (self.steady, self.bursts):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def join(self, timeout_s: float) -> None:
+        for t in self.threads:
+            t.join(timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+        self.channel.close()
+
+    def check(self, i: int, tokens: tuple[int, ...]) -> None:
+        """The same prompt and length always get the same greedy tokens."""
+        with self.lock:
+            want = self.tokens.setdefault((i % (PREFIXES * SUFFIXES), len(tokens)), tokens)
+            if tokens != want or not tokens:
+                self.counts["token_mismatches"] += 1
+
+    def one(self, i: int, kind: str, max_tokens: int) -> None:
+        """One request until it completes, retrying each rejection after its hint."""
+        rejected = False
+        for _ in range(100):
+            try:
+                hint = self.attempt(i, kind, max_tokens)
+            except KVStoreError as exc:
+                self.add("requests_failed")
+                with self.lock:
+                    self.error_types.add(type(exc).__name__)
+                return
+            except Exception as exc:  # recorded: the run fails on any
+                self.add("requests_failed")
+                with self.lock:
+                    self.untyped.append(repr(exc))
+                return
+            if hint is None:  # done
+                self.add("requests_ok")
+                self.add(f"{kind}_ok")
+                if rejected:
+                    self.add("retries_then_ok")
+                return
+            rejected = True
+            if hint < 0:  # no retry helps
+                break
+            if self.stop.is_set():  # the soak is over: not retried, not a failure
+                self.add("rejected_at_stop")
+                return
+            time.sleep(min(max(hint, 0.01), 5.0))
+        self.add("given_up")
+
+    def attempt(self, i: int, kind: str, max_tokens: int) -> float | None:
+        """None when it completed; else the rejection's retry hint (-1: none)."""
+        prompt = prompt_of(i)
+        if kind == "steady":
+            try:
+                out = self.client.generate(prompt, max_tokens=max_tokens)
+            except NoSpaceError as exc:  # the client keeps only the message's hint
+                return self.rejection(exc, None)
+            self.check(i, tuple(out.token_ids))
+            if out.placement is not None:
+                self.idle_ttft_s = self.idle_ttft_s or out.placement.predicted_ttft_s
+                if out.placement.cached_blocks:  # its MatchPrefix reached the HA masters
+                    self.add("steady_conductor_matched")
+            if out.timings is not None and out.timings.cached_tokens:
+                self.add("steady_prefill_cached")  # the prefix came from the pool
+            return None
+        # a burst request's TTFT objective: 4x what the conductor predicts for an idle
+        # steady one, so a deep prefill queue misses it (KV space rejects the rest)
+        slo = 4 * self.idle_ttft_s
+        request = build_request(prompt, GenerateOptions(max_tokens=max_tokens, ttft_slo_s=slo))
+        call = self.stub.Generate(request, timeout=60.0)
+        try:
+            tokens = tuple(t for msg in call for t in msg.token_ids)
+        except grpc.RpcError as err:
+            exc = rpc_error(err)
+            if not isinstance(exc, NoSpaceError):
+                raise exc from None
+            meta = dict(call.trailing_metadata() or ())
+            ms = meta.get("retry-after-ms")
+            return self.rejection(exc, None if ms is None else float(ms) / 1000)
+        self.check(i, tokens)
+        return None
+
+    def rejection(self, exc: NoSpaceError, meta_s: float | None) -> float:
+        """Count a RESOURCE_EXHAUSTED; its hint in seconds (-1 when it carries none)."""
+        self.add("rejections")
+        text = str(exc)
+        reason = "ttft" if "TTFT" in text else "kv" if "KV tokens" in text else "other"
+        self.add(f"rejected_{reason}")
+        found = HINT_RE.search(text)
+        text_s = float(found.group(1)) if found else None
+        if text_s is None and meta_s is None:
+            return -1.0
+        self.add("rejections_with_hint")
+        if meta_s is not None and (text_s is None or abs(meta_s - text_s) > 0.002):
+            self.add("hint_metadata_mismatch")  # ceil to ms vs the message's 3 decimals
+        return meta_s if meta_s is not None else float(text_s or 0.0)
+
+    def steady(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            self.one(n, "steady", 8)
+            n += 1
+            time.sleep(0.05)
+
+    def bursts(self) -> None:
+        every = self.args.burst_every
+        next_at = time.monotonic() + every / 2
+        k = 0
+        while not self.stop.wait(max(next_at - time.monotonic(), 0)):
+            self.add("bursts")
+            self.add("burst_requests", self.args.burst_size)
+            burst = [
+                threading.Thread(target=self.one, args=(k * 7 + j, "burst", 24), daemon=True)
+                for j in range(self.args.burst_size)
+            ]
+            for t in burst:
+                t.start()
+            for t in burst:
+                t.join(120)
+            k += 1
+            next_at += every
+
+
+def start_serving(address: str) -> tuple[list[NodeProcess], ServiceProcess]:
+    """Prefill and decode nodes and a conductor, each given the masters' HA list."""
+    common = ("--master", address, "--master-wait-s", "30")
+    prefill, decode = start_nodes(
+        ("prefill_node", *common, "--node-id", "prefill"),
+        ("decode_node", *common, "--node-id", "decode", "--num-blocks", str(DECODE_BLOCKS)),
+    )
+    conductor = ServiceProcess(
+        "kvstore.conductor", "--listen", "127.0.0.1:0", "--master", address,
+        "--prefill", prefill.address, "--decode", decode.address,
+    )  # fmt: skip
+    try:
+        assert conductor.address
+    except BaseException:
+        prefill.stop()
+        decode.stop()
+        raise
+    return [prefill, decode], conductor
+
+
+def processes(c: HACluster, etcd: Etcd, serving: dict[str, int]) -> dict[str, int]:
     import os
 
     out = {f"master{i}": p.pid for i, p in enumerate(c.master_procs) if p is not None}
     out.update({n.node_id.split("-")[0]: n.proc.pid for n in c.node_procs})
     if etcd.proc is not None:
         out["etcd"] = etcd.proc.pid
+    out.update(serving)
     out["clients"] = os.getpid()
     return out
 
 
-def run(
-    args: argparse.Namespace, seconds: float, workdir: Path
-) -> tuple[dict[str, list[tuple[float, float]]], int, list[Worker], dict[str, int], int]:
+def dead(c: HACluster, serving: dict[str, NodeProcess]) -> list[str]:
+    """The processes that exited on their own (a leader the soak killed is restarted)."""
+    out = [f"master{i}" for i, p in enumerate(c.master_procs) if p is None or p.poll() is not None]
+    out += [n.node_id for n in c.node_procs if n.proc.poll() is not None]
+    return out + [name for name, s in serving.items() if s.proc.poll() is not None]
+
+
+@dataclass
+class Outcome:
+    samples: dict[str, list[tuple[float, float]]]
+    kills: int
+    workers: list[Worker]
+    check: dict[str, int]
+    evictions: int
+    serving: ServingLoad | None
+    died: list[str]
+
+
+def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
     """The soak itself: RSS samples by process, leader kills, workers, integrity, evictions."""
     samples: dict[str, list[tuple[float, float]]] = {}
     kills = 0
     with Etcd(workdir / "etcd") as etcd, HACluster(
         etcd=etcd, masters=3, nodes=3, dram_bytes=16 << 20, workdir=workdir
     ) as c:  # fmt: skip
-        stop = threading.Event()
-        workers = [Worker(c.address, w, stop) for w in range(args.clients)]
-        for w in workers:
-            w.start()
-        t0 = time.monotonic()
-        next_kill = t0 + args.kill_leader_every if args.kill_leader_every else float("inf")
-        while (now := time.monotonic()) - t0 < seconds:
-            for name, pid in processes(c, etcd).items():
-                mib = rss_mib(pid)
-                if mib is not None:
-                    samples.setdefault(name, []).append((now - t0, mib))
-            if now >= next_kill:
-                i = c.wait_leader()
-                c.kill_master(i, signal.SIGKILL)
-                c.wait_leader(not_=i)
-                c.start_one_master(i)
-                kills += 1
-                next_kill = now + args.kill_leader_every
-                samples = {k: v for k, v in samples.items() if not k.startswith(f"master{i}")}
-            time.sleep(args.sample_s)
-        stop.set()
-        for w in workers:
-            w.join(60)
-        check = integrity(c.address, workers)
-        evictions = int(c.stats().evictions)
-    return samples, kills, workers, check, evictions
+        procs: dict[str, NodeProcess] = {}
+        if args.serving:
+            (prefill, decode), conductor = start_serving(c.address)
+            procs = {"prefill": prefill, "decode": decode, "conductor": conductor}
+        try:
+            pids = {name: proc.proc.pid for name, proc in procs.items()}
+            stop = threading.Event()
+            workers = [Worker(c.address, w, stop) for w in range(args.clients)]
+            for w in workers:
+                w.start()
+            load = ServingLoad(procs["conductor"].address, stop, args) if procs else None
+            if load is not None:
+                load.start()
+            t0 = time.monotonic()
+            next_kill = t0 + args.kill_leader_every if args.kill_leader_every else float("inf")
+            while (now := time.monotonic()) - t0 < seconds:
+                for name, pid in processes(c, etcd, pids).items():
+                    mib = rss_mib(pid)
+                    if mib is not None:
+                        samples.setdefault(name, []).append((now - t0, mib))
+                if now >= next_kill:
+                    i = c.wait_leader()
+                    c.kill_master(i, signal.SIGKILL)
+                    c.wait_leader(not_=i)
+                    c.start_one_master(i)
+                    kills += 1
+                    next_kill = now + args.kill_leader_every
+                    samples = {k: v for k, v in samples.items() if not k.startswith(f"master{i}")}
+                time.sleep(args.sample_s)
+            stop.set()
+            for w in workers:
+                w.join(60)
+            if load is not None:
+                load.join(150)
+                load.close()
+            died = dead(c, procs)
+            check = integrity(c.address, workers)
+            evictions = int(c.stats().evictions)
+        finally:
+            for proc in reversed(procs.values()):  # the conductor first
+                proc.stop()
+    return Outcome(samples, kills, workers, check, evictions, load, died)
 
 
 def main() -> int:
@@ -191,6 +427,11 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--kill-leader-every", type=float, default=0.0, help="0 = never")
+    serving_help = "prefill + decode nodes and a conductor on the pool, steady load and bursts"
+    p.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
+                   help=serving_help)  # fmt: skip
+    p.add_argument("--burst-every", type=float, default=30.0, help="seconds between bursts")
+    p.add_argument("--burst-size", type=int, default=32, help="requests sent at once")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "soak.json"))
     p.add_argument("--keep-workdir", action="store_true", help="keep etcd's data and the logs")
@@ -201,7 +442,7 @@ def main() -> int:
     seconds = 180.0 if args.ci else args.seconds
     workdir = Path(tempfile.mkdtemp(prefix="kvs-soak-"))
     try:
-        samples, kills, workers, check, evictions = run(args, seconds, workdir)
+        o = run(args, seconds, workdir)
     finally:
         if args.keep_workdir:
             print(f"bench/soak.py: logs and etcd data kept in {workdir}", file=sys.stderr)
@@ -210,36 +451,63 @@ def main() -> int:
     warm = seconds / 4
     slopes = {
         name: round(slope_mib_per_min([pt for pt in pts if pt[0] >= warm]), 3)
-        for name, pts in samples.items()
+        for name, pts in o.samples.items()
     }
+    workers, check = o.workers, o.check
     counts = {k: sum(w.counts[k] for w in workers) for k in workers[0].counts}
     untyped = [u for w in workers for u in w.untyped]
+    serving: dict[str, object] = {"enabled": False}
+    serving_ok = True
+    if o.serving is not None:
+        sc = o.serving.counts
+        serving = {
+            "enabled": True, "decode_kv_blocks": DECODE_BLOCKS,
+            "burst_every_s": args.burst_every, "burst_size": args.burst_size, **sc,
+            "error_types": sorted(o.serving.error_types),
+            "untyped_errors": len(o.serving.untyped),
+            "untyped_examples": o.serving.untyped[:5],
+            "distinct_prompts_checked": len(o.serving.tokens),
+        }  # fmt: skip
+        serving_ok = (
+            sc["requests_ok"] > 0 and sc["requests_failed"] == 0 and not o.serving.untyped
+            and sc["rejections"] == sc["rejections_with_hint"] and sc["given_up"] == 0
+            and sc["token_mismatches"] == 0
+        )  # fmt: skip
     result = {
         "bench": "soak", "seconds": seconds, "clients": args.clients, "masters": 3,
-        "nodes": 3, "leader_kills": kills, "ops": counts,
+        "nodes": 3, "leader_kills": o.kills, "ops": counts,
         "ops_per_s": round((counts["put"] + counts["get"]) / seconds),
         "error_types": sorted({t for w in workers for t in w.error_types}),
-        "untyped_errors": len(untyped), "evictions": evictions, **check,
+        "untyped_errors": len(untyped), "evictions": o.evictions, **check,
+        "serving": serving, "processes_died": o.died,
         "rss_slope_mib_per_min": slopes,
-        "rss_last_mib": {k: round(v[-1][1], 1) for k, v in samples.items() if v},
+        "rss_last_mib": {k: round(v[-1][1], 1) for k, v in o.samples.items() if v},
         "target_slope_mib_per_min": 1.0,
         "met": max(slopes.values(), default=0.0) < 1.0 and check["integrity_failures"] == 0
-        and not untyped,
+        and not untyped and serving_ok and not o.died,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"soak {seconds:.0f} s, {args.clients} clients, 3 masters, 3 nodes, {kills} leader kills")
+    print(f"soak {seconds:.0f} s, {args.clients} clients, 3 masters, 3 nodes, "
+          f"{o.kills} leader kills")  # fmt: skip
     print(f"ops {counts} ({result['ops_per_s']}/s), errors {result['error_types'] or '-'}, "
           f"untyped {len(untyped)}")  # fmt: skip
     print(f"integrity: {check['verified']} verified, {check['evicted']} evicted, "
-          f"{check['integrity_failures']} failures (master evictions {evictions})")  # fmt: skip
+          f"{check['integrity_failures']} failures (master evictions {o.evictions})")  # fmt: skip
+    if o.serving is not None:
+        print(f"serving: {o.serving.counts}, errors {serving['error_types'] or '-'}, "
+              f"untyped {serving['untyped_errors']}")  # fmt: skip
+    print(f"processes died: {o.died or '-'}")
     for name in sorted(slopes):
-        print(f"  RSS {name:>8}: {result['rss_last_mib'][name]:8.1f} MiB, "
+        print(f"  RSS {name:>9}: {result['rss_last_mib'][name]:8.1f} MiB, "
               f"slope {slopes[name]:+.3f} MiB/min after warm-up")  # fmt: skip
-    print(f"target slope < 1 MiB/min, 0 integrity failures: {'met' if result['met'] else 'MISSED'}")
+    print(
+        "target slope < 1 MiB/min, 0 integrity failures, every rejection with a hint, "
+        f"no process died: {'met' if result['met'] else 'MISSED'}"
+    )
     return 0
 
 

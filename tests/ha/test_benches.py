@@ -43,3 +43,11 @@ def test_soak_short(tmp_path: Path) -> None:
     assert r["integrity_failures"] == 0 and r["untyped_errors"] == 0
     assert r["ops"]["put"] > 50 and r["verified"] > 0
     assert set(r["rss_slope_mib_per_min"]) >= {"master0", "master1", "master2", "etcd"}
+    # the serving workload (on by default): one burst at 15 s, rejected in part with hints
+    s = r["serving"]
+    assert s["enabled"] and s["requests_ok"] > 0 and s["requests_failed"] == 0
+    assert s["untyped_errors"] == 0 and s["token_mismatches"] == 0 and s["given_up"] == 0
+    assert s["bursts"] == 1 and s["rejections"] > 0
+    assert s["rejections_with_hint"] == s["rejections"]
+    assert r["processes_died"] == []
+    assert {"prefill", "decode", "conductor"} <= set(r["rss_slope_mib_per_min"])
