@@ -36,6 +36,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -53,10 +54,10 @@ from kvstore.client.conductor import ConductorClient, GenerateOptions, build_req
 from kvstore.edge import rpc_error  # noqa: E402
 from kvstore.errors import CorruptError, KVStoreError, NoSpaceError, NotFoundError  # noqa: E402
 from kvstore.v1 import conductor_pb2_grpc  # noqa: E402
+from tests.cluster import START_TIMEOUT_S, child_env, stop_process  # noqa: E402
 from tests.ha.etcd import Etcd, find_etcd  # noqa: E402
 from tests.ha.hacluster import HACluster  # noqa: E402
 from tests.ha.storm import value_of  # noqa: E402
-from tests.serving.helpers import NodeProcess, ServiceProcess, start_nodes  # noqa: E402
 
 VALUE = 4096
 
@@ -319,24 +320,62 @@ class ServingLoad:
             next_at += every
 
 
-def start_serving(address: str) -> tuple[list[NodeProcess], ServiceProcess]:
+class Service:
+    """A serving process (a node or the conductor) logging to `workdir/<name>.log`; its
+    address is the one on its line `... listening on HOST:PORT`. (Not
+    tests/serving/helpers.py's NodeProcess: importing it loads torch into this process,
+    +180 MiB of the driver's RSS.)"""
+
+    def __init__(self, name: str, workdir: Path, *args: str) -> None:
+        self.name, self.log = name, workdir / f"{name}.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                env=child_env(),
+            )  # fmt: skip
+        self._address = ""
+
+    @property
+    def address(self) -> str:
+        deadline = time.monotonic() + 2 * START_TIMEOUT_S
+        while not self._address:
+            text = self.log.read_bytes()
+            for line in text.splitlines():
+                if b" listening on " in line:
+                    self._address = line.rsplit(b" ", 1)[1].strip().decode()
+            if self._address:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start: {text[-2000:].decode()}")
+            time.sleep(0.1)
+        return self._address
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def start_serving(address: str, workdir: Path) -> dict[str, Service]:
     """Prefill and decode nodes and a conductor, each given the masters' HA list."""
-    common = ("--master", address, "--master-wait-s", "30")
-    prefill, decode = start_nodes(
-        ("prefill_node", *common, "--node-id", "prefill"),
-        ("decode_node", *common, "--node-id", "decode", "--num-blocks", str(DECODE_BLOCKS)),
-    )
-    conductor = ServiceProcess(
-        "kvstore.conductor", "--listen", "127.0.0.1:0", "--master", address,
-        "--prefill", prefill.address, "--decode", decode.address,
-    )  # fmt: skip
+    node = ("--listen", "127.0.0.1:0", "--torch-threads", "1", "--master", address,
+            "--master-wait-s", "30")  # fmt: skip
+    out = {
+        "prefill": Service("prefill", workdir, "prefill_node", *node, "--node-id", "prefill"),
+        "decode": Service("decode", workdir, "decode_node", *node, "--node-id", "decode",
+                          "--num-blocks", str(DECODE_BLOCKS)),
+    }  # fmt: skip
     try:
-        assert conductor.address
+        prefill, decode = out["prefill"].address, out["decode"].address  # booting in parallel
+        out["conductor"] = Service(
+            "conductor", workdir, "kvstore.conductor", "--listen", "127.0.0.1:0",
+            "--master", address, "--prefill", prefill, "--decode", decode,
+        )  # fmt: skip
+        assert out["conductor"].address
     except BaseException:
-        prefill.stop()
-        decode.stop()
+        for service in out.values():
+            service.stop()
         raise
-    return [prefill, decode], conductor
+    return out
 
 
 def processes(c: HACluster, etcd: Etcd, serving: dict[str, int]) -> dict[str, int]:
@@ -351,7 +390,7 @@ def processes(c: HACluster, etcd: Etcd, serving: dict[str, int]) -> dict[str, in
     return out
 
 
-def dead(c: HACluster, serving: dict[str, NodeProcess]) -> list[str]:
+def dead(c: HACluster, serving: dict[str, Service]) -> list[str]:
     """The processes that exited on their own (a leader the soak killed is restarted)."""
     out = [f"master{i}" for i, p in enumerate(c.master_procs) if p is None or p.poll() is not None]
     out += [n.node_id for n in c.node_procs if n.proc.poll() is not None]
@@ -376,10 +415,7 @@ def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
     with Etcd(workdir / "etcd") as etcd, HACluster(
         etcd=etcd, masters=3, nodes=3, dram_bytes=16 << 20, workdir=workdir
     ) as c:  # fmt: skip
-        procs: dict[str, NodeProcess] = {}
-        if args.serving:
-            (prefill, decode), conductor = start_serving(c.address)
-            procs = {"prefill": prefill, "decode": decode, "conductor": conductor}
+        procs = start_serving(c.address, workdir) if args.serving else {}
         try:
             pids = {name: proc.proc.pid for name, proc in procs.items()}
             stop = threading.Event()
