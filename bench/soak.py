@@ -159,6 +159,7 @@ def integrity(address: str, workers: list[Worker]) -> dict[str, int]:
 PREFIXES, SUFFIXES = 4, 6  # 24 prompts; each prefix 4 full blocks, shared by 6 suffixes
 DECODE_BLOCKS = 32  # the decode node's KV: 512 tokens, 4 burst requests at once
 HINT_RE = re.compile(r"retry after ([0-9.]+)s")
+GIVE_UP_S = 90.0  # a rejected request is retried for this long
 
 
 def prompt_of(i: int) -> list[int]:
@@ -183,6 +184,7 @@ class ServingLoad:
             "hint_metadata_mismatch": 0, "retries_then_ok": 0, "given_up": 0,
             "token_mismatches": 0, "rejected_at_stop": 0, "rejected_ttft": 0, "rejected_kv": 0,
             "rejected_other": 0, "steady_conductor_matched": 0, "steady_prefill_cached": 0,
+            "max_attempts": 0,
         }  # fmt: skip
         self.error_types: set[str] = set()
         self.untyped: list[str] = []
@@ -216,9 +218,14 @@ class ServingLoad:
                 self.counts["token_mismatches"] += 1
 
     def one(self, i: int, kind: str, max_tokens: int) -> None:
-        """One request until it completes, retrying each rejection after its hint."""
-        rejected = False
-        for _ in range(100):
+        """One request until it completes, retrying each rejection after its hint (times
+        1-1.5, so a burst's rejected requests do not all come back at once) for at most
+        GIVE_UP_S: a hint is the predicted wait, not a reservation, so a retry can be
+        rejected again by the others'."""
+        rejected, start, attempts = False, time.monotonic(), 0
+        rng = random.Random(i)
+        while True:
+            attempts += 1
             try:
                 hint = self.attempt(i, kind, max_tokens)
             except KVStoreError as exc:
@@ -234,16 +241,18 @@ class ServingLoad:
             if hint is None:  # done
                 self.add("requests_ok")
                 self.add(f"{kind}_ok")
+                with self.lock:
+                    self.counts["max_attempts"] = max(self.counts["max_attempts"], attempts)
                 if rejected:
                     self.add("retries_then_ok")
                 return
             rejected = True
-            if hint < 0:  # no retry helps
+            if hint < 0 or time.monotonic() - start > GIVE_UP_S:  # no retry helps / too long
                 break
             if self.stop.is_set():  # the soak is over: not retried, not a failure
                 self.add("rejected_at_stop")
                 return
-            time.sleep(min(max(hint, 0.01), 5.0))
+            time.sleep(min(max(hint, 0.01), 5.0) * rng.uniform(1.0, 1.5))
         self.add("given_up")
 
     def attempt(self, i: int, kind: str, max_tokens: int) -> float | None:
