@@ -131,16 +131,6 @@ class FileEngine(TransferEngine):
             )
         return slab
 
-    def detach(self, name: str) -> bool:
-        """Close the fds of segment `name` (e.g. after its node went away)."""
-        with self._lock:
-            keys = [key for key in self._slabs if key[1] == name]
-            slabs = [self._slabs.pop(key) for key in keys]
-            self._refused = {key for key in self._refused if key[1] != name}
-        for slab in slabs:
-            slab.close()
-        return bool(slabs)
-
     # ---- transfers --------------------------------------------------------------
 
     def submit(self, batch: Sequence[TransferRequest]) -> TransferHandle:
