@@ -10,6 +10,7 @@ module and viewed through the torch module that created it (`sys.modules`).
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import numpy as np
@@ -20,6 +21,18 @@ from kvstore.errors import BadRequestError
 def is_torch_tensor(obj: object) -> bool:
     """Whether `obj` is a torch tensor (without importing torch)."""
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a view's first byte (0 for an empty view).
+
+    ctypes for writable views (about 7x cheaper than numpy's array interface: this
+    runs once per key of every batch), numpy for read-only ones."""
+    if view.nbytes == 0:
+        return 0
+    if not view.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
 
 
 def byte_view(obj: object, *, writable: bool = False, what: str = "buffer") -> memoryview:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.buffers import byte_view
-from kvstore.client.buffers import address_of, engine_view
+from kvstore.buffers import address_of, byte_view
+from kvstore.client.buffers import engine_view
 from kvstore.errors import BadRequestError, KVStoreError, NotFoundError
 from kvstore.transfer.base import (
     BufferDescriptor,

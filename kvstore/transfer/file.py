@@ -24,8 +24,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
+from kvstore.buffers import address_of
 from kvstore.errors import BadRequestError, KVStoreError, TransferError
 from kvstore.tiers.direct_io import CHUNK_BYTES, DIRECT, BufferPool, SlabFile, round_up
 from kvstore.tiers.shm import fetch_fd
@@ -43,10 +42,6 @@ PAGE = 4096  # O_DIRECT alignment of memory, offsets and lengths (the slab's all
 def file_reachable(remote: SegmentDescriptor) -> bool:
     """Whether `remote` is a slab file whose fd this host may ask for."""
     return remote.file and bool(remote.shm_socket) and remote.same_host
-
-
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, np.uint8).ctypes.data) if view.nbytes else 0
 
 
 class _Request:
@@ -176,7 +171,7 @@ class FileEngine(TransferEngine):
         error: Exception | None = None
         try:
             n = local.nbytes
-            if state.slab.mode != DIRECT or (_address(local) % PAGE == 0 and n % PAGE == 0):
+            if state.slab.mode != DIRECT or (address_of(local) % PAGE == 0 and n % PAGE == 0):
                 part, staging = local, None
             else:
                 staging = self._staging.take(round_up(n, PAGE))

@@ -28,9 +28,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-import numpy as np
-
-from kvstore.buffers import byte_view
+from kvstore.buffers import address_of, byte_view
 from kvstore.errors import BadRequestError, TransferError
 from kvstore.transfer.base import (
     BufferDescriptor,
@@ -75,10 +73,6 @@ def nixl_available() -> bool:
     return _nixl_api() is not None
 
 
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
 def pack_meta(address: int, agent_meta: bytes) -> bytes:
     return _ADDR.pack(address) + agent_meta
 
@@ -109,7 +103,7 @@ class NixlEngine(TransferEngine):
         self._lock = threading.Lock()
 
     def _register_memory(self, view: memoryview) -> int:
-        address = _address(view)
+        address = address_of(view)
         self._regs.append(self._agent.register_memory([(address, view.nbytes, 0, "")], "DRAM"))
         return address
 
