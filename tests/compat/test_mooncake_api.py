@@ -476,38 +476,46 @@ def _deselect() -> list[str]:
     return out
 
 
+# Mooncake's default liveness (10 s), not the 2 s the other cluster tests use: these
+# suites lend 1.6 GB segments from one process, populated at setup, and on a loaded
+# 2-core host the other stores' heartbeats then lapse past 2 s (nodes declared dead).
+LIVENESS = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}
+
+
+def _run_suite(
+    args: list[str], env: dict[str, str], cwd: Path, timeout_s: float
+) -> tuple[int, str]:
+    """Run `pytest -q ARGS` on an upstream suite; (return code, its output). The output
+    goes to a file, not a pipe: a hang's faulthandler dump (120 s) survives the limit
+    there (subprocess.TimeoutExpired drops piped output). -9: killed past `timeout_s`."""
+    log = cwd / "suite.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 "-o", "faulthandler_timeout=120", *args], env=env, cwd=cwd,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    return rc, log.read_text(errors="replace")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not RUN_UPSTREAM or not Path(UPSTREAM).is_dir(),
                     reason="Mooncake's own suites: set KVSTORE_MOONCAKE_SUITES=1")  # fmt: skip
 @pytest.mark.parametrize("suite", UPSTREAM_SUITES)
 def test_mooncake_own_suite_on_facade(suite: str, tmp_path: Path) -> None:
-    # Mooncake's default liveness (10 s), not the 2 s the other cluster tests use: these
-    # suites lend 1.6 GB segments from one process, populated at setup, and on a loaded
-    # 2-core host the other stores' heartbeats then lapse past 2 s (nodes declared dead).
-    liveness = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}
     offload = tmp_path / "offload"  # the SSD suites' FileStorage path (a directory per store)
     offload.mkdir()
-    with Cluster(nodes=0, workdir=tmp_path, master_options=liveness) as pool:
+    with Cluster(nodes=0, workdir=tmp_path, master_options=LIVENESS) as pool:
         env = dict(os.environ, MASTER_SERVER=pool.address, DEFAULT_KV_LEASE_TTL="5000",
                    MOONCAKE_OFFLOAD_FILE_STORAGE_PATH=str(offload),
                    PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))  # fmt: skip
-        # the suite's output goes to a file, not a pipe: a hang's faulthandler dump (120 s)
-        # survives the 840 s limit there (subprocess.TimeoutExpired drops piped output)
-        log = tmp_path / "suite.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                     "-o", "faulthandler_timeout=120",
-                                     str(Path(UPSTREAM) / suite), *_deselect()], env=env,
-                                    cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-            try:
-                rc = proc.wait(timeout=840)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-    text = log.read_text(errors="replace")
+        rc, text = _run_suite([str(Path(UPSTREAM) / suite), *_deselect()], env, tmp_path, 840)
     print(f"{suite}: {_summary(text)}")  # upstream's summary (-s)
-    assert rc == 0, f"rc {rc} (-9: past 840 s); {log}:\n{text[-6000:]}"
+    assert rc == 0, f"rc {rc} (-9: past 840 s); {tmp_path / 'suite.log'}:\n{text[-6000:]}"
     assert list(offload.iterdir()) == []  # each store removed its SSD directory at close
 
 
@@ -550,9 +558,8 @@ def test_mooncake_own_suite_dummy_clients_on_facade(suite: str, tmp_path: Path) 
     host, port = DUMMY_ADDRESS
     if not _port_free(host, port):
         pytest.skip(f"{host}:{port} (the suites' fixed real-client address) is in use")
-    liveness = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}  # as the suites above
     with Cluster(nodes=1, dram_bytes=DUMMY_NODE_BYTES, workdir=tmp_path,
-                 master_options=liveness, address=f"{host}:{port}") as pool:  # fmt: skip
+                 master_options=LIVENESS, address=f"{host}:{port}") as pool:  # fmt: skip
         assert pool.address == f"{host}:{port}"
         env = dict(os.environ, DEFAULT_KV_LEASE_TTL="5000",
                    PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))  # fmt: skip
@@ -575,14 +582,12 @@ def test_mooncake_own_suite_dummy_clients_on_facade(suite: str, tmp_path: Path) 
             for p, out in zip(procs, outs, strict=True):
                 assert p.returncode == 0, out[-4000:]
             return
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "-o", "faulthandler_timeout=120", "-rs", path], env=env,
-                             cwd=tmp_path, capture_output=True, text=True, timeout=540)  # fmt: skip
-    print(f"{suite}: {_summary(run.stdout)}")
-    for line in run.stdout.splitlines():
+        rc, text = _run_suite(["-rs", path], env, tmp_path, 540)
+    print(f"{suite}: {_summary(text)}")
+    for line in text.splitlines():
         if line.startswith("SKIPPED"):
             print(f"  {line}")  # which skipped itself and why (-rs): the CUDA-only cases
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert rc == 0, text[-4000:]
 
 
 # Mooncake's test_buffer_pool_native.py sets up every store on a master at the fixed
@@ -599,14 +604,11 @@ def test_mooncake_own_suite_buffer_pool_on_facade(tmp_path: Path) -> None:
     host, port = POOL_ADDRESS
     if not _port_free(host, port):
         pytest.skip(f"{host}:{port} (the suite's fixed master address) is in use")
-    liveness = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}  # as the suites above
-    with Cluster(nodes=0, workdir=tmp_path, master_options=liveness,
+    with Cluster(nodes=0, workdir=tmp_path, master_options=LIVENESS,
                  address=f"{host}:{port}") as pool:  # fmt: skip
         assert pool.address == f"{host}:{port}"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "-o", "faulthandler_timeout=120",
-                              str(Path(UPSTREAM) / "test_buffer_pool_native.py")], env=env,
-                             cwd=tmp_path, capture_output=True, text=True, timeout=240)  # fmt: skip
-    print(f"test_buffer_pool_native.py: {_summary(run.stdout)}")
-    assert run.returncode == 0, run.stdout[-4000:]
+        suite = str(Path(UPSTREAM) / "test_buffer_pool_native.py")
+        rc, text = _run_suite([suite], env, tmp_path, 240)
+    print(f"test_buffer_pool_native.py: {_summary(text)}")
+    assert rc == 0, text[-4000:]
