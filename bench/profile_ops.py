@@ -78,7 +78,7 @@ def instrument(client: Client, stages: Stages) -> None:
     lane_call = SyncLane.call
     SyncLane.call = lambda self, m, r: stages.timed(f"lane:{m}", lambda: lane_call(self, m, r))  # type: ignore[method-assign]
     copy = reads._copy_hashed
-    reads._copy_hashed = lambda d, s, loc: stages.timed("local", lambda: copy(d, s, loc))  # type: ignore[assignment]
+    reads._copy_hashed = lambda d, s, loc, *a: stages.timed("local", lambda: copy(d, s, loc, *a))  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

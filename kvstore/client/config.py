@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
 
@@ -62,6 +63,10 @@ class ClientConfig:
     # master round trip per put instead of two. 0 = off.
     extent_bytes: int = 32 << 20
     extent_max_object: int = 4 << 20
+    # Threads (this one included) that copy and checksum a same-host read of at least
+    # 4 MiB out of mapped memory: one memcpy is bound by one core's memory latency, two
+    # move ~2x the bytes (kvstore.client.reads). 0 = min(4, CPUs); 1 = this thread only.
+    copy_threads: int = 0
 
     # This client's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*):
     # mTLS files or a token file. It fills `credentials`, and client_id and tenant when
@@ -102,10 +107,17 @@ class ClientConfig:
             raise BadRequestError("timeout_s and lease_ttl_s must be > 0")
         if self.extent_bytes < 0 or self.extent_max_object < 0:
             raise BadRequestError("extent_bytes and extent_max_object must be >= 0")
+        if not 0 <= self.copy_threads <= 64:
+            raise BadRequestError(f"copy_threads must be in [0, 64], got {self.copy_threads}")
         if self.location_cache_entries < 0 or self.location_cache_ttl_s <= 0:
             raise BadRequestError(
                 "location_cache_entries must be >= 0 and location_cache_ttl_s > 0"
             )
+
+    @property
+    def copy_lanes(self) -> int:
+        """Threads a large same-host read is copied and checksummed on."""
+        return self.copy_threads or min(4, os.cpu_count() or 1)
 
     @property
     def id(self) -> str:

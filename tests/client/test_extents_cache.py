@@ -12,7 +12,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.datapath import Transfer
-from kvstore.errors import NotFoundError, TooLargeError
+from kvstore.errors import CorruptError, NotFoundError, TooLargeError
 from kvstore.transfer.base import TransferOp
 from tests.cluster import REPO, Cluster, _read_line, child_env
 
@@ -142,3 +142,86 @@ def test_a_lent_segment_is_reached_by_memcpy_in_place(pool: Cluster) -> None:
         assert not shm._maps  # no second mapping of its own memory
         assert other.get("mine") == value  # the bytes really are in the lent segment
         assert lender.remove("mine", force=True)  # the other reader holds a lease
+
+
+def test_copy_and_checksum_spread_over_threads_match_one_thread() -> None:
+    """reads.copy_hashed_all: the lanes path (one large object by chunks, several by
+    runs of objects) lands the same bytes and the same xxh3 as one thread, uses the
+    helper threads, and an out-of-segment range is its own error, not a crash."""
+    import threading
+
+    import numpy as np
+    import xxhash
+
+    from kvstore.client import reads
+    from kvstore.errors import TransferError
+    from kvstore.types import Location, Tier
+
+    rng = np.random.default_rng(7)
+    segment = memoryview(rng.integers(0, 256, 40 << 20, np.uint8).tobytes())
+    sizes = [16 << 20, 1 << 20, (3 << 20) + 17, 5, 2 << 20, (7 << 20) + 4095]
+    offsets = np.cumsum([0, *sizes[:-1]]).tolist()
+    locs = [Location("n", Tier.DRAM, "seg", off, n) for off, n in zip(offsets, sizes, strict=True)]
+    want = [
+        xxhash.xxh3_64_intdigest(segment[o : o + n]) for o, n in zip(offsets, sizes, strict=True)
+    ]
+    seen: set[str] = set()
+    copy = reads._copy
+
+    def spy(dst: memoryview, src: memoryview) -> None:
+        seen.add(threading.current_thread().name)
+        copy(dst, src)
+
+    reads._copy = spy  # type: ignore[assignment]
+    try:
+        for lanes in (1, 2, 3):
+            for jobs in ([0], [1, 3], list(range(len(sizes)))):
+                outs = [memoryview(bytearray(sizes[j])) for j in jobs]
+                got = reads.copy_hashed_all(
+                    [(outs[k], segment, locs[j]) for k, j in enumerate(jobs)], lanes
+                )
+                assert got == [want[j] for j in jobs], (lanes, jobs)
+                for k, j in enumerate(jobs):
+                    assert outs[k] == segment[offsets[j] : offsets[j] + sizes[j]]
+    finally:
+        reads._copy = copy  # type: ignore[assignment]
+    assert any(name.startswith("kvstore-copy") for name in seen)  # the lanes did copy
+    outside = Location("n", Tier.DRAM, "seg", (40 << 20) - 10, 8 << 20)
+    out = memoryview(bytearray(8 << 20))
+    [err, ok] = reads.copy_hashed_all([(out, segment, outside), (out[:5], segment, locs[3])], 2)
+    assert isinstance(err, TransferError) and ok == want[3]
+
+
+def test_large_same_host_reads_on_several_threads_are_exact(pool: Cluster) -> None:
+    """A batched get of 1 MiB objects and a single 16 MiB get, copied on two lanes
+    (ClientConfig.copy_threads) out of a same-host node: exact bytes, every one checked;
+    a corrupted replica is still caught on the lanes path."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    values = {f"lane-{i}": rng.integers(0, 256, 1 << 20, np.uint8).tobytes() for i in range(6)}
+    values["lane-big"] = rng.integers(0, 256, 16 << 20, np.uint8).tobytes()
+    with Client(pool.address, copy_threads=2) as c:
+        assert c._ctx.config.copy_lanes == 2
+        for key, value in values.items():
+            c.put(key, value)
+        small = [k for k in values if k != "lane-big"]
+        buf = np.zeros(len(small) << 20, np.uint8)
+        outs = [buf[i << 20 : (i + 1) << 20] for i in range(len(small))]
+        for _ in range(2):  # looked up, then from the location cache
+            assert c.batch_get_into(small, outs) == [1 << 20] * len(small)
+            assert all(o.tobytes() == values[k] for k, o in zip(small, outs, strict=True))
+            big = bytearray(16 << 20)
+            assert c.get_into("lane-big", big) == 16 << 20 and big == values["lane-big"]
+        entry = c._ctx.locations.get("lane-big")
+        assert entry is not None
+        loc = entry.replicas[0]
+        desc = c._ctx.directory.descriptor(loc)
+        junk = memoryview(b"\xff" * 4096)
+        assert c._ctx.data.run(
+            TransferOp.WRITE, [Transfer(desc, loc.offset + (9 << 20), junk)]
+        ).errors == [None]
+        with pytest.raises(CorruptError):
+            c.get_into("lane-big", big)
+        for key in values:
+            c.remove(key, force=True)
