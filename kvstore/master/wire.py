@@ -216,12 +216,22 @@ class RowWriter:
                 out[cursor[rows][:, None] + np.arange(len(const))] = const
             elif kind == "m":
                 mat, lens = data
-                keep = np.arange(mat.shape[1]) < lens[:, None]
-                out[(cursor[:, None] + np.arange(mat.shape[1]))[keep]] = mat[keep]
+                width = mat.shape[1]
+                rows = np.nonzero(lens)[0]
+                if (lens[rows] == width).all():  # whole rows or none (capabilities): 2.7x
+                    out[cursor[rows][:, None] + np.arange(width)] = mat[rows]
+                else:
+                    keep = np.arange(width) < lens[:, None]
+                    out[(cursor[:, None] + np.arange(width))[keep]] = mat[keep]
             else:
                 src, starts, lens = data
+                rows = np.nonzero(lens)[0]
                 total = int(lens.sum())
-                if total:
+                width = int(lens[rows[0]]) if len(rows) else 0
+                if total and total == width * len(rows):  # one length (keys of a batch)
+                    at = np.arange(width)
+                    out[cursor[rows][:, None] + at] = src[starts[rows][:, None] + at]
+                elif total:
                     within = np.arange(total, dtype=_I64) - np.repeat(np.cumsum(lens) - lens, lens)
                     out[np.repeat(cursor, lens) + within] = src[np.repeat(starts, lens) + within]
             cursor = cursor + data[-1]  # every piece ends with its lengths

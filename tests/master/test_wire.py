@@ -141,3 +141,30 @@ def test_varints_match_scalar() -> None:
     mat, lens = wire.varints(vals)
     for v, row, n in zip(vals.tolist(), mat, lens.tolist(), strict=True):
         assert bytes(row[:n]) == wire.varint(v)
+
+
+def test_uniform_batches_match_upb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys of one length and one size (a batch of block hashes): the encoder's whole-row
+    paths (every row's piece of one length) still give upb's bytes, with a miss and a
+    two-replica key among them (encoded on their own)."""
+    import asyncio
+
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", 0)
+    monkeypatch.setattr(wire, "SMALL_BATCH", 0)
+    state, svc = _servicer_with_pool()
+    keys = [f"{i:032x}" for i in range(64)]
+    items = [master_pb2.PutStartItem(key=k, size=1 << 20) for k in keys]
+    items[5] = master_pb2.PutStartItem(key=keys[5], size=1 << 20, replicas=2)
+
+    async def body() -> master_pb2.BatchLookupResponse:
+        await svc.PutStart(master_pb2.PutStartRequest(client_id="c", items=items), None)
+        await svc.PutEnd(master_pb2.PutEndRequest(client_id="c", keys=keys), None)
+        req = master_pb2.BatchLookupRequest(keys=[*keys[:9], "f" * 32, *keys[9:]])
+        return await svc.BatchLookup(req, None)
+
+    got = asyncio.run(body())
+    assert got.results[9].status.code != 0
+    for key, r in zip([*keys[:9], *keys[9:]], [*got.results[:9], *got.results[10:]], strict=True):
+        assert r.SerializeToString() == _want_lookup(state, key), key
