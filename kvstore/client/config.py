@@ -10,6 +10,8 @@ from kvstore.errors import BadRequestError
 from kvstore.transfer.base import parse_endpoint
 from kvstore.transfer.select import ENGINE_KINDS
 
+_CPUS = os.cpu_count() or 1  # read once: os.cpu_count() reads sysfs each call
+
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
@@ -117,7 +119,7 @@ class ClientConfig:
     @property
     def copy_lanes(self) -> int:
         """Threads a large same-host read is copied and checksummed on."""
-        return self.copy_threads or min(4, os.cpu_count() or 1)
+        return self.copy_threads or min(4, _CPUS)
 
     @property
     def id(self) -> str:

@@ -330,11 +330,18 @@ def copy_hashed_all(
             cuts.append(k + 1)
     runs = [jobs[a:b] for a, b in zip(cuts, [*cuts[1:], len(jobs)], strict=True) if a < b]
     pool = _pool(lanes)
-    futures = [pool.submit(lambda run=run: [_copy_hashed(*job) for job in run]) for run in runs[1:]]
-    out = [_copy_hashed(*job) for job in runs[0]]
+    futures = [pool.submit(_copy_hashed_run, run) for run in runs[1:]]
+    out = _copy_hashed_run(runs[0])
     for future in futures:
         out += future.result()
     return out
+
+
+def _copy_hashed_run(
+    jobs: Sequence[tuple[memoryview, memoryview, Location]],
+) -> list[int | KVStoreError]:
+    """One lane's objects, copied without holding the GIL (other lanes run meanwhile)."""
+    return [_copy_hashed(*job, lanes=0) for job in jobs]
 
 
 def _copy_hashed(
@@ -342,13 +349,17 @@ def _copy_hashed(
 ) -> int | KVStoreError:
     """Copy the replica at `loc` out of a mapped segment into `dst` and hash it as it
     lands (one pass over memory, not two); its xxh3_64. `lanes` > 1: chunk k is copied
-    by lane k % lanes (lane 0 is this thread, which hashes every chunk in order)."""
+    by lane k % lanes (lane 0 is this thread, which hashes every chunk in order); 0:
+    one of several lanes (copy without the GIL)."""
     n = dst.nbytes
     if loc.offset + n > segment.nbytes:
         return TransferError(f"range [{loc.offset}, +{n}) is outside segment {loc.segment!r}")
     src = segment[loc.offset : loc.offset + n]
     if n <= WHOLE:
-        _copy(dst, src)
+        if lanes == 1:  # alone: a memoryview copy is ~4% faster than numpy's at 1 MiB
+            dst[:] = src
+        else:
+            _copy(dst, src)
         return checksum_of(dst)
     starts = range(0, n, COPY_CHUNK)
     pieces = [(dst[a : a + COPY_CHUNK], src[a : a + COPY_CHUNK]) for a in starts]
