@@ -19,8 +19,10 @@ Writes bench/out/engines_ttft.json and .png; prints a table. Needs .venv-vllm
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     connectors = ("KVStoreConnector",) if args.quick else CONNECTORS
     max_len = max(lengths) + 64
     work = Path(tempfile.mkdtemp(prefix="kvs-ttft-"))
+    atexit.register(shutil.rmtree, work, True)  # model, pool and logs: nothing left behind
     model = engines.make_model(py, work / "model", spec)
     plist = prompts(lengths, seed=1)
     result: dict[str, object] = {"lengths": lengths, "model": spec.__dict__, "quick": args.quick}

@@ -20,7 +20,9 @@ Writes bench/results/failover.json.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import signal
 import statistics
 import sys
@@ -130,6 +132,7 @@ def main() -> int:
         return 4
     trials = 3 if args.quick else args.trials
     workdir = Path(tempfile.mkdtemp(prefix="kvs-failover-"))
+    atexit.register(shutil.rmtree, workdir, True)  # etcd data and logs: nothing left behind
     with Etcd(workdir / "etcd") as etcd:
         rate_s = 1.5 if args.quick else args.rate_s
         rate = {} if args.no_rates else rates(workdir, etcd, args.writers, rate_s)

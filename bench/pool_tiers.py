@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,7 @@ def pool(dram_mib: float, ssd_mib: float, ssd_dir: str, **master: object) -> Ite
         yield p
     finally:
         p.close()
+        shutil.rmtree(ssd_dir, ignore_errors=True)  # the slab and index: nothing left behind
 
 
 def fresh_dir(root: str) -> str:
@@ -166,7 +168,8 @@ def raw_direct_rates(
     """Raw O_DIRECT write and read GB/s: one object at a time (large ones split into
     1 MiB I/Os, all in flight), and all objects at once, RAW_DEPTH I/Os in flight. The
     pool keeps as many in flight: 4 TCP connections x 4 slab I/O threads on the node."""
-    path = os.path.join(fresh_dir(root), "raw.dat")
+    where = fresh_dir(root)
+    path = os.path.join(where, "raw.dat")
     raw = RawDirect(path, size * count, RAW_DEPTH)
     buf = np.frombuffer(memoryview(bytearray(size + 4096)), np.uint8)
     start = (-buf.ctypes.data) % 4096
@@ -191,7 +194,7 @@ def raw_direct_rates(
         read16 = median_rate(size * count, all_at_once(os.preadv), rounds)
     finally:
         raw.close()
-        os.unlink(path)
+        shutil.rmtree(where, ignore_errors=True)
     return write, read, write16, read16
 
 

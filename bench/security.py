@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -174,6 +176,7 @@ def data_plane(args: argparse.Namespace) -> dict[str, Any]:
     from kvstore.transfer.tcp import TcpConfig, TcpEngine
 
     work = Path(tempfile.mkdtemp(prefix="kvs-bench-dp-"))
+    atexit.register(shutil.rmtree, work, True)  # keys, logs: nothing left behind
     pki = Pki(work / "pki")
     issuer = Issuer()
     key = issuer.rotate("n1")
@@ -390,6 +393,7 @@ def main() -> int:
     if args.quick:
         args.keys, args.seconds, args.rounds = 5000, 1.0, 1
     work = Path(tempfile.mkdtemp(prefix="kvs-bench-sec-"))
+    atexit.register(shutil.rmtree, work, True)  # keys, logs: nothing left behind
     pki = Pki(work / "pki")
     modes = {  # name: (server, node, client, client id, key prefix)
         "insecure": (None, None, None, "c", ""),
