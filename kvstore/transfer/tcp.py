@@ -3,12 +3,17 @@
 Per peer endpoint a pool of `connections` blocking sockets, each owned by one
 worker thread. A batch is cut into chunks of at most `chunk_bytes`; workers pull
 chunks from the peer's queue, so a batch (and one large transfer) is spread over
-all connections in parallel. Payloads go straight between the socket and the
-registered buffer (`recv_into` / `sendall` of memoryview slices). Every socket
-operation has `io_timeout`; a dead or hung peer yields TransferError. Each request's
-capability (TransferRequest.capability, from the master) travels with every chunk
-of it. `tls` (an ssl.SSLContext, client side) wraps every connection; the node's
-certificate is checked against its CA and the endpoint's host (or `server_name`).
+all connections in parallel. A batch small enough for one window (one peer, at most
+`depth` requests and `chunk_bytes` in all: a single get or put) runs in the calling
+thread on the peer's own inline socket when that is free: no hand-off to a worker
+and back, two thread wake-ups that cost ~100-300 us here on a 1 MiB get.
+
+Payloads go straight between the socket and the registered buffer (`recv_into` /
+`sendall` of memoryview slices). Every socket operation has `io_timeout`; a dead or
+hung peer yields TransferError. Each request's capability (TransferRequest.capability,
+from the master) travels with every chunk of it. `tls` (an ssl.SSLContext, client
+side) wraps every connection; the node's certificate is checked against its CA and
+the endpoint's host (or `server_name`).
 """
 
 from __future__ import annotations
@@ -182,11 +187,14 @@ class _Connection:
 
 
 class _Peer:
-    """The connection pool and worker threads for one endpoint."""
+    """The connection pool and worker threads for one endpoint, and the inline socket
+    a caller borrows (under `inline_lock`) for a batch of one window."""
 
     def __init__(self, endpoint: str, config: TcpConfig) -> None:
         self.queue: queue.SimpleQueue[_Chunk | None] = queue.SimpleQueue()
         self._config = config
+        self.inline = _Connection(endpoint, config)
+        self.inline_lock = threading.Lock()
         self._conns = [_Connection(endpoint, config) for _ in range(config.connections)]
         self._threads = [
             threading.Thread(target=self._work, args=(c,), name="kvstore-tcp-worker", daemon=True)
@@ -229,6 +237,11 @@ class _Peer:
             self.queue.put(None)
         for thread in self._threads:
             thread.join(timeout)
+        if self.inline_lock.acquire(timeout=timeout):  # not while a caller is on it
+            try:
+                self.inline.close()
+            finally:
+                self.inline_lock.release()
 
 
 class TcpEngine(TransferEngine):
@@ -249,9 +262,45 @@ class TcpEngine(TransferEngine):
             if not req.remote.endpoint:
                 raise BadRequestError(f"segment {req.remote.name!r} has no TCP endpoint")
         handle = TransferHandle(len(batch))
+        if self._run_inline(handle, batch, views):
+            return handle
         for index, (req, view) in enumerate(zip(batch, views, strict=True)):
             self._enqueue(handle, index, req, view)
         return handle
+
+    def _run_inline(
+        self, handle: TransferHandle, batch: Sequence[TransferRequest], views: list[memoryview]
+    ) -> bool:
+        """Run `batch` in this thread as one pipelined window on its peer's inline socket,
+        if it fits one window and that socket is free; whether it did (then `handle` is
+        complete)."""
+        endpoint = batch[0].remote.endpoint if batch else ""
+        total = sum(req.length for req in batch)
+        if (
+            not batch
+            or len(batch) > self.config.depth
+            or total > self.config.chunk_bytes
+            or any(req.remote.endpoint != endpoint or not req.length for req in batch)
+        ):
+            return False
+        peer = self._peer(endpoint)
+        if not peer.inline_lock.acquire(blocking=False):
+            return False  # another caller is on it: the workers take this batch
+        try:
+            chunks = [
+                _Chunk(req.op, req.remote.name.encode(), req.remote_offset, view,
+                       _RequestState(handle, i, 1), req.capability)
+                for i, (req, view) in enumerate(zip(batch, views, strict=True))
+            ]  # fmt: skip
+            try:
+                results = peer.inline.run(chunks)
+            except Exception as e:  # a bug: never lose a completion
+                results = [TransferError(f"transfer failed: {e!r}")] * len(chunks)
+        finally:
+            peer.inline_lock.release()
+        for chunk, error in zip(chunks, results, strict=True):
+            chunk.state.chunk_done(error)
+        return True
 
     def _enqueue(
         self, handle: TransferHandle, index: int, req: TransferRequest, view: memoryview

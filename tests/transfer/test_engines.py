@@ -167,3 +167,63 @@ def test_torch_tensor_as_local_buffer_over_tcp(server: ServerProcess) -> None:
 def test_tcp_config_is_validated(kwargs: dict[str, int]) -> None:
     with pytest.raises(BadRequestError):
         TcpConfig(**kwargs)
+
+
+def test_tcp_small_batches_run_inline_and_concurrent_ones_on_workers(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that fits one window (a single get or put) runs on the caller's thread
+    over the peer's inline socket; callers that find it busy go through the workers;
+    every byte exact either way (six threads at once), and a refused request on the
+    inline socket leaves it usable."""
+    import threading
+
+    from kvstore.transfer import tcp
+
+    expected = pattern(8 * MiB, SEED)
+    ran_on: list[str] = []
+    run = tcp._Connection.run
+
+    def spy(self: tcp._Connection, chunks: list[tcp._Chunk]) -> list[Exception | None]:
+        ran_on.append(threading.current_thread().name)
+        return run(self, chunks)
+
+    monkeypatch.setattr(tcp._Connection, "run", spy)
+    with TcpEngine(TcpConfig(connections=2, io_timeout=10)) as engine:
+        local = np.zeros(2 * MiB, dtype=np.uint8)
+        buf = engine.register("one", local)
+        engine.read(server.desc, 3 * MiB, 2 * MiB, buf, timeout=20)
+        assert np.array_equal(local, expected[3 * MiB : 5 * MiB])
+        assert ran_on == [threading.current_thread().name]  # inline: no worker hand-off
+        forged = replace(server.desc, size=1 << 40)
+        bad = engine.submit([TransferRequest(TransferOp.READ, forged, 8 * MiB - 1, 2, buf)])
+        assert isinstance(bad.wait(20)[0], BadRequestError)
+        engine.read(server.desc, 0, MiB, buf, timeout=20)  # the inline socket still works
+        assert np.array_equal(local[:MiB], expected[:MiB])
+        ran_on.clear()
+
+        errors: list[BaseException] = []
+
+        def reader(k: int) -> None:
+            try:
+                mine = np.zeros(512 << 10, dtype=np.uint8)
+                b = engine.register(f"r{k}", mine)
+                for i in range(12):
+                    off = ((k * 13 + i * 7) % 15) * (512 << 10)
+                    engine.read(server.desc, off, mine.nbytes, b, timeout=20)
+                    assert np.array_equal(mine, expected[off : off + mine.nbytes])
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        ran_on.clear()
+        peer = engine._peers[server.desc.endpoint]
+        with peer.inline_lock:  # as if another caller were on the inline socket
+            engine.read(server.desc, 2 * MiB, MiB, buf, timeout=20)
+        assert ran_on == ["kvstore-tcp-worker"]
+        assert np.array_equal(local[:MiB], expected[2 * MiB : 3 * MiB])
