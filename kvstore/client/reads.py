@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import xxhash
@@ -363,7 +363,7 @@ def _copy_hashed(
         return checksum_of(dst)
     starts = range(0, n, COPY_CHUNK)
     pieces = [(dst[a : a + COPY_CHUNK], src[a : a + COPY_CHUNK]) for a in starts]
-    ahead = {}
+    ahead: dict[int, Future[None]] = {}
     if lanes > 1 and n >= PARALLEL_MIN:
         pool = _pool(lanes)
         ahead = {k: pool.submit(_copy, *piece) for k, piece in enumerate(pieces) if k % lanes}
