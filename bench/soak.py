@@ -7,7 +7,10 @@ Each client thread loops: put a fresh key (4 KiB, deterministic bytes), read bac
 its recent keys, now and then remove one. The pool is smaller than what is written,
 so eviction runs throughout (a NoSpaceError is backpressure: counted, never fatal).
 Every `--sample-s` the RSS of every process (masters, nodes, etcd, this one) is
-sampled; after a warm-up (the first quarter) its slope is fitted (MiB/min). At the end
+sampled, with its RssAnon (heap; the rest is mapped files, e.g. etcd's bbolt, and shared
+memory); after a warm-up (the first quarter of the run, `warmup_s` in the JSON: 45 s of
+a `--ci` run, 450 s of a 30-minute one) each slope is fitted (MiB/min); the file (not the
+`--json` line) also holds every curve (`rss_samples`: [s, RSS MiB, RssAnon MiB]). At the end
 every key a client still believes present is read: a wrong byte is an integrity
 failure; a missing key must have been evicted (the master counts evictions). That
 belief is one byte per put (`Worker.present`, a bytearray by key number), so this
@@ -62,10 +65,11 @@ from tests.ha.storm import value_of  # noqa: E402
 VALUE = 4096
 
 
-def rss_mib(pid: int) -> float | None:
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    """A process's resident set (or another /proc/PID/status field, e.g. RssAnon), MiB."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
@@ -409,6 +413,7 @@ def dead(c: HACluster, serving: dict[str, Service]) -> list[str]:
 @dataclass
 class Outcome:
     samples: dict[str, list[tuple[float, float]]]
+    anon_samples: dict[str, list[tuple[float, float]]]
     kills: int
     workers: list[Worker]
     check: dict[str, int]
@@ -420,6 +425,7 @@ class Outcome:
 def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
     """The soak itself: RSS samples by process, leader kills, workers, integrity, evictions."""
     samples: dict[str, list[tuple[float, float]]] = {}
+    anon_samples: dict[str, list[tuple[float, float]]] = {}  # RssAnon: heap, not mmap
     kills = 0
     with Etcd(workdir / "etcd") as etcd, HACluster(
         etcd=etcd, masters=3, nodes=3, dram_bytes=16 << 20, workdir=workdir
@@ -439,8 +445,10 @@ def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
             while (now := time.monotonic()) - t0 < seconds:
                 for name, pid in processes(c, etcd, pids).items():
                     mib = rss_mib(pid)
-                    if mib is not None:
+                    anon = rss_mib(pid, "RssAnon")
+                    if mib is not None and anon is not None:
                         samples.setdefault(name, []).append((now - t0, mib))
+                        anon_samples.setdefault(name, []).append((now - t0, anon))
                 if now >= next_kill:
                     i = c.wait_leader()
                     c.kill_master(i, signal.SIGKILL)
@@ -449,6 +457,7 @@ def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
                     kills += 1
                     next_kill = now + args.kill_leader_every
                     samples = {k: v for k, v in samples.items() if not k.startswith(f"master{i}")}
+                    anon_samples = {k: v for k, v in anon_samples.items() if k in samples}
                 time.sleep(args.sample_s)
             stop.set()
             for w in workers:
@@ -462,7 +471,7 @@ def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
         finally:
             for proc in reversed(procs.values()):  # the conductor first
                 proc.stop()
-    return Outcome(samples, kills, workers, check, evictions, load, died)
+    return Outcome(samples, anon_samples, kills, workers, check, evictions, load, died)
 
 
 def main() -> int:
@@ -498,6 +507,10 @@ def main() -> int:
         name: round(slope_mib_per_min([pt for pt in pts if pt[0] >= warm]), 3)
         for name, pts in o.samples.items()
     }
+    anon_slopes = {
+        name: round(slope_mib_per_min([pt for pt in pts if pt[0] >= warm]), 3)
+        for name, pts in o.anon_samples.items()
+    }
     workers, check = o.workers, o.check
     counts = {k: sum(w.counts[k] for w in workers) for k in workers[0].counts}
     untyped = [u for w in workers for u in w.untyped]
@@ -525,14 +538,20 @@ def main() -> int:
         "error_types": sorted({t for w in workers for t in w.error_types}),
         "untyped_errors": len(untyped), "evictions": o.evictions, **check,
         "serving": serving, "processes_died": o.died,
-        "rss_slope_mib_per_min": slopes,
+        "warmup_s": warm, "rss_slope_mib_per_min": slopes,
+        "rss_anon_slope_mib_per_min": anon_slopes,
         "rss_last_mib": {k: round(v[-1][1], 1) for k, v in o.samples.items() if v},
         "target_slope_mib_per_min": 1.0,
         "met": max(slopes.values(), default=0.0) < 1.0 and check["integrity_failures"] == 0
         and not untyped and serving_ok and not o.died,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    series = {  # the curves behind the slopes (the file only): [s, RSS MiB, RssAnon MiB]
+        name: [[round(t, 1), round(v, 2), round(a, 2)] for (t, v), (_, a) in
+               zip(pts, o.anon_samples.get(name, pts), strict=True)]
+        for name, pts in o.samples.items()
+    }  # fmt: skip
+    Path(args.out).write_text(json.dumps({**result, "rss_samples": series}, indent=2) + "\n")
     if args.json:
         print(json.dumps(result))
         return 0
