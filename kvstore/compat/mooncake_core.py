@@ -135,8 +135,12 @@ class StoreCore:
         self._ssd: mooncake_ssd.SsdOffload | None = None  # enable_ssd_offload's directory
         self._regions: dict[int, int] = {}  # registered buffers: address -> size
         self._mem = MemPool()  # alloc_from_mem_pool's mappings, unmapped at close
-        # Mooncake leases an object to its writer too: keys put here, by put time
+        # Mooncake leases an object to its writer too: keys put here, by put time. Its
+        # own lock: callers' threads put at once (an OrderedDict iterated while another
+        # thread mutates it raises RuntimeError, out of put(); a worker of Mooncake's
+        # test_concurrent_stress_with_barrier that raises never reaches its barrier)
         self._written: OrderedDict[str, float] = OrderedDict()
+        self._written_lock = threading.Lock()
         self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------
@@ -299,11 +303,13 @@ class StoreCore:
     def _note_written(self, c: Any, keys: Sequence[str]) -> None:
         now = time.monotonic()
         ttl = c.config.lease_ttl_s
-        for k in keys:
-            self._written.pop(k, None)
-            self._written[k] = now
-        while self._written and next(iter(self._written.values())) < now - ttl:
-            self._written.popitem(last=False)
+        written = self._written
+        with self._written_lock:
+            for k in keys:
+                written.pop(k, None)
+                written[k] = now
+            while written and next(iter(written.values())) < now - ttl:
+                written.popitem(last=False)
 
     def _write_leased(self, key: str) -> bool:
         """Whether `key` was put here within a lease TTL (Mooncake's put lease)."""
@@ -500,7 +506,7 @@ class StoreCore:
     def _room(self, ptr: int) -> int:
         """Bytes from `ptr` to the end of the registered buffer it lies in (unbounded
         for unregistered memory: the caller vouches for it, as with *_into)."""
-        for base, size in self._regions.items():
+        for base, size in tuple(self._regions.items()):  # (others register meanwhile)
             if base <= ptr < base + size:
                 return base + size - ptr
         return 1 << 62
