@@ -20,6 +20,20 @@ from pathlib import Path
 
 READY = b"ready to serve client requests"
 START_TIMEOUT_S = 20.0
+# What an operator running etcd for kvstore sets (measured in docs/reliability.md,
+# "bench/soak.py"). etcd 3.4 keeps every raft entry since its last snapshot in memory and
+# snapshots every 100,000 entries by default: at the soak's 100-200 journal txns/s that
+# is 8-16 minutes of entries before the first snapshot, RssAnon growing ~13 MiB/min all
+# along. With --snapshot-count 1000 it snapshots every few seconds and keeps 5,000
+# (3.4's fixed catch-up entries) + 1,000 at most: RssAnon flat after ~40 s. The leader
+# compacts the MVCC history itself every 30 s (HAConfig.compact_every_s); etcd's own
+# periodic compaction (retention 5 s; one every 5 s) keeps bbolt's file, whose touched
+# pages count in RSS, at ~6 MB where 30 s of history grew it past 8.7 MB in 3 minutes.
+# kvstore reads no old revision (no watch; a takeover pages at the newest one).
+TUNING = (
+    "--snapshot-count", "1000",
+    "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "5s",
+)  # fmt: skip
 
 
 def find_etcd() -> str | None:
@@ -56,7 +70,7 @@ class Etcd:
             self.binary, "--name", "kvs", "--data-dir", str(self.workdir / "data"),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"kvs={peer}", "--log-outputs", "stderr",
+            "--initial-cluster", f"kvs={peer}", "--log-outputs", "stderr", *TUNING,
         ]  # fmt: skip
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.ha.etcd import READY as ETCD_READY
+from tests.ha.etcd import TUNING as ETCD_TUNING
 from tests.ha.etcd import find_etcd
 from tests.ha.history import check, explain, load_ops
 from tests.ha.jepsen_client import READY as CLIENT_READY
@@ -133,6 +134,7 @@ class Pool:
             f"http://{e}:2379", "--listen-peer-urls", f"http://{e}:2380",
             "--initial-advertise-peer-urls", f"http://{e}:2380",
             "--initial-cluster", f"kvs=http://{e}:2380", "--log-outputs", "stderr",
+            *ETCD_TUNING,
         ]  # fmt: skip
         proc = self.net.spawn("e", "etcd", args)
         deadline = time.monotonic() + 30

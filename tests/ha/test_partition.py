@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.etcd import READY, find_etcd
+from tests.ha.etcd import READY, TUNING, find_etcd
 from tests.netns.driver import READY_LINE, DriverClient
 from tests.netns.hosts import Network, Proc
 
@@ -38,6 +38,7 @@ def start_etcd(net: Network, workdir: Path) -> str:
         "--listen-client-urls", f"http://{e}:2379", "--advertise-client-urls", f"http://{e}:2379",
         "--listen-peer-urls", f"http://{e}:2380", "--initial-advertise-peer-urls",
         f"http://{e}:2380", "--initial-cluster", f"kvs=http://{e}:2380", "--log-outputs", "stderr",
+        *TUNING,
     ]  # fmt: skip
     proc = net.spawn("e", "etcd", args)
     deadline = time.monotonic() + 20
