@@ -488,6 +488,40 @@ def test_concurrent_puts_and_gets_from_threads(store: MooncakeDistributedStore) 
     assert _in_threads(work) == []
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "kvstore.client extents: threads that find the extent full each GrantExtent a new one, "
+    "installed over the others' (never released); the orphaned leases fill the segment and "
+    "the master evicts committed objects for them (docs/mooncake_compat.md)"))  # fmt: skip
+def test_concurrent_writers_keep_their_objects(cluster: Cluster) -> None:
+    """Mooncake's test_concurrent_stress_with_barrier in its shape: 8 threads put 1 MiB
+    values into one store's own segment (half full at the end), then every key is
+    still there. Each put returns 0; the keys evicted for orphaned extents read b"", and
+    there that test's worker dies before its barrier (the 840 s hangs)."""
+    s = MooncakeDistributedStore()
+    assert (
+        s.setup("localhost", "P2PHANDSHAKE", 256 * MiB, 16 * MiB, "tcp", "", cluster.address) == 0
+    )
+    try:
+        value = os.urandom(MiB)
+        codes: list[int] = []
+
+        def put(t: int) -> None:
+            codes.extend(s.put(f"writer-{t}-{i}", value) for i in range(16))
+
+        threads = [threading.Thread(target=put, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert codes == [0] * 128
+        missing = [f"writer-{t}-{i}" for t in range(8) for i in range(16)
+                   if s.is_exist(f"writer-{t}-{i}") != 1]  # fmt: skip
+        assert missing == []
+    finally:
+        assert s.remove_all(True) >= 0
+        assert s.close() == 0
+
+
 def test_shim_does_not_shadow_the_real_wheel() -> None:
     """Without the shim dir on PYTHONPATH `mooncake.store` is whatever is installed;
     with it first, it is the facade."""
@@ -555,15 +589,39 @@ def _deselect() -> list[str]:
 LIVENESS = {"node_ttl_s": 10.0, "heartbeat_interval_s": 1.0}
 
 
+# pytest in the suite's process, with every threading.Barrier given a timeout (unless
+# it names one): Mooncake's test_concurrent_stress_with_barrier waits on barriers with
+# none, and a worker that fails (its error kept in a list the main thread reads only at
+# the end) never reaches the next one: the main thread waited forever (the 840 s hangs).
+# With one, the barrier breaks and the test fails, its traceback in suite.log, and the
+# suite goes on. $KVSTORE_SUITE_BARRIER_TIMEOUT_S: seconds (default 180, past the 120 s
+# faulthandler dump of the stacks).
+SUITE_MAIN = """\
+import os, sys, threading
+
+class Barrier(threading.Barrier):
+    def __init__(self, parties, action=None, timeout=None):
+        if timeout is None:
+            timeout = float(os.environ.get("KVSTORE_SUITE_BARRIER_TIMEOUT_S", "180"))
+        super().__init__(parties, action, timeout)
+
+threading.Barrier = Barrier
+import pytest
+
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
 def _run_suite(
     args: list[str], env: dict[str, str], cwd: Path, timeout_s: float
 ) -> tuple[int, str]:
-    """Run `pytest -q ARGS` on an upstream suite; (return code, its output). The output
-    goes to a file, not a pipe: a hang's faulthandler dump (120 s) survives the limit
-    there (subprocess.TimeoutExpired drops piped output). -9: killed past `timeout_s`."""
+    """Run `pytest -q ARGS` on an upstream suite (SUITE_MAIN); (return code, its output).
+    The output goes to a file, not a pipe: a hang's faulthandler dump (120 s) survives
+    the limit there (subprocess.TimeoutExpired drops piped output). -9: killed past
+    `timeout_s`."""
     log = cwd / "suite.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        proc = subprocess.Popen([sys.executable, "-c", SUITE_MAIN, "-q", "-p", "no:cacheprovider",
                                  "-o", "faulthandler_timeout=120", *args], env=env, cwd=cwd,
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         try:
@@ -572,6 +630,27 @@ def _run_suite(
             proc.kill()
             rc = proc.wait()
     return rc, log.read_text(errors="replace")
+
+
+def test_suite_runner_breaks_a_barrier_a_dead_worker_never_reaches(tmp_path: Path) -> None:
+    """The hang of Mooncake's concurrent stress test, in small: a worker dies before the
+    barrier the main thread waits on. Under _run_suite the barrier breaks (here after
+    1 s) and the test fails with BrokenBarrierError, reported; the next test still runs."""
+    (tmp_path / "test_barrier.py").write_text(
+        "import threading\n"
+        "def test_dead_worker():\n"
+        "    barrier = threading.Barrier(2)\n"
+        "    worker = threading.Thread(target=lambda: 1 / 0)\n"
+        "    worker.start()\n"
+        "    worker.join()\n"
+        "    barrier.wait()\n"
+        "def test_next():\n"
+        "    assert threading.Barrier(1, timeout=5).wait() == 0\n"
+    )  # fmt: skip
+    env = dict(os.environ, KVSTORE_SUITE_BARRIER_TIMEOUT_S="1")
+    rc, text = _run_suite(["test_barrier.py"], env, tmp_path, 60)
+    assert rc == 1, text
+    assert "BrokenBarrierError" in text and "1 failed, 1 passed" in text, text
 
 
 @pytest.mark.slow
