@@ -536,12 +536,43 @@ def test_shim_does_not_shadow_the_real_wheel() -> None:
 
 
 # Mooncake's own suites, vendored (tests/compat/upstream/README.md); another copy by env.
-# Opt-in (KVSTORE_MOONCAKE_SUITES=1, or MOONCAKE_TESTS_DIR set): in one CI run of
-# 2026-12-01 test_distributed_object_store.py hung until the 840 s limit while every run
-# by hand passed in ~75 s; until that hang is found they stay out of the default run, and
-# each upstream test now dumps its threads' stacks after 120 s (faulthandler_timeout).
+# They run in the default test run (and CI) when the vendored copy is present, except
+# those in OPT_IN (the time each took, or why it is out): those run with
+# KVSTORE_MOONCAKE_SUITES=1 (or MOONCAKE_TESTS_DIR set, which runs all from that copy).
+# Each upstream test dumps its threads' stacks after 120 s (faulthandler_timeout).
 UPSTREAM = os.environ.get("MOONCAKE_TESTS_DIR", str(Path(__file__).parent / "upstream"))
-RUN_UPSTREAM = any(os.environ.get(v) for v in ("KVSTORE_MOONCAKE_SUITES", "MOONCAKE_TESTS_DIR"))
+UPSTREAM_PRESENT = Path(UPSTREAM).is_dir()
+RUN_ALL_UPSTREAM = any(os.environ.get(v) for v in ("KVSTORE_MOONCAKE_SUITES", "MOONCAKE_TESTS_DIR"))
+# Seconds are each harness case's on 2026-12-02 00:00 UTC, a 2-core host at load 3-8
+# (docs/mooncake_compat.md): the default set (~130 s there) is the store-facing suites
+# that took under a minute; the ones out are slow from their own sleeps (lease TTLs,
+# SSD offload waits), touch no store, or cover what the default set does.
+OPT_IN = {
+    # its concurrent stress test loses objects (and, without SUITE_MAIN's barrier
+    # timeout, hangs) while concurrent puts orphan extent leases in kvstore.client
+    # (test_concurrent_writers_keep_their_objects, xfail until then)
+    "test_distributed_object_store.py": "kvstore.client's extent race; 111 s",
+    "test_replicated_distributed_object_store.py": "66 s",
+    "test_batch_replica_clear.py": "98 s",
+    "test_ssd_offload_in_evict.py": "96 s",
+    "test_promotion_on_hit.py": "97 s",
+    "test_safetensor_functions.py": "62 s",
+    "test_dummy_client.py": "38 s",
+    "test_dataproto_catalog.py": "no store calls; 18 s",
+    "test_mooncake_config.py": "no store calls; 22 s",
+    "test_import_structure.py": "no store calls; 19 s",
+    "test_fast_copy.py": "all 4 skip without Mooncake's C extension; 10 s",
+}
+NOT_PRESENT = "the vendored suites (tests/compat/upstream) are absent"
+
+
+def _upstream(names: list[str]) -> list[object]:
+    """pytest params: the OPT_IN ones skip, saying why, unless all are asked for."""
+    return [pytest.param(n, marks=pytest.mark.skipif(not RUN_ALL_UPSTREAM, reason=(
+                f"opt-in ({OPT_IN[n]}): set KVSTORE_MOONCAKE_SUITES=1")))
+            if n in OPT_IN else n for n in names]  # fmt: skip
+
+
 UPSTREAM_SUITES = [
     "test_distributed_object_store.py",
     "test_replicated_distributed_object_store.py",
@@ -655,9 +686,8 @@ def test_suite_runner_breaks_a_barrier_a_dead_worker_never_reaches(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not RUN_UPSTREAM or not Path(UPSTREAM).is_dir(),
-                    reason="Mooncake's own suites: set KVSTORE_MOONCAKE_SUITES=1")  # fmt: skip
-@pytest.mark.parametrize("suite", UPSTREAM_SUITES)
+@pytest.mark.skipif(not UPSTREAM_PRESENT, reason=NOT_PRESENT)
+@pytest.mark.parametrize("suite", _upstream(UPSTREAM_SUITES))
 def test_mooncake_own_suite_on_facade(suite: str, tmp_path: Path) -> None:
     offload = tmp_path / "offload"  # the SSD suites' FileStorage path (a directory per store)
     offload.mkdir()
@@ -703,9 +733,8 @@ def _summary(text: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not RUN_UPSTREAM or not Path(UPSTREAM).is_dir(),
-                    reason="Mooncake's own suites: set KVSTORE_MOONCAKE_SUITES=1")  # fmt: skip
-@pytest.mark.parametrize("suite", DUMMY_SUITES)
+@pytest.mark.skipif(not UPSTREAM_PRESENT, reason=NOT_PRESENT)
+@pytest.mark.parametrize("suite", _upstream(DUMMY_SUITES))
 def test_mooncake_own_suite_dummy_clients_on_facade(suite: str, tmp_path: Path) -> None:
     host, port = DUMMY_ADDRESS
     if not _port_free(host, port):
@@ -750,9 +779,9 @@ POOL_ADDRESS = ("127.0.0.1", 50051)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not RUN_UPSTREAM or not Path(UPSTREAM).is_dir(),
-                    reason="Mooncake's own suites: set KVSTORE_MOONCAKE_SUITES=1")  # fmt: skip
-def test_mooncake_own_suite_buffer_pool_on_facade(tmp_path: Path) -> None:
+@pytest.mark.skipif(not UPSTREAM_PRESENT, reason=NOT_PRESENT)
+@pytest.mark.parametrize("suite", _upstream(["test_buffer_pool_native.py"]))
+def test_mooncake_own_suite_buffer_pool_on_facade(suite: str, tmp_path: Path) -> None:
     host, port = POOL_ADDRESS
     if not _port_free(host, port):
         pytest.skip(f"{host}:{port} (the suite's fixed master address) is in use")
@@ -760,7 +789,6 @@ def test_mooncake_own_suite_buffer_pool_on_facade(tmp_path: Path) -> None:
                  address=f"{host}:{port}") as pool:  # fmt: skip
         assert pool.address == f"{host}:{port}"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SHIM_DIR), str(REPO)]))
-        suite = str(Path(UPSTREAM) / "test_buffer_pool_native.py")
-        rc, text = _run_suite([suite], env, tmp_path, 240)
-    print(f"test_buffer_pool_native.py: {_summary(text)}")
+        rc, text = _run_suite([str(Path(UPSTREAM) / suite)], env, tmp_path, 240)
+    print(f"{suite}: {_summary(text)}")
     assert rc == 0, text[-4000:]
