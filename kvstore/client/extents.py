@@ -6,10 +6,17 @@ pointer, no master call), writes its bytes there one-sided, then commits with on
 CommitExtent (concurrent keys of one batch share it). A put returns only after its
 commit: it is then visible and durable in the master exactly as after PutEnd.
 
-When the extent is full a GrantExtent (releasing the old one in the same call) gets a
-new one, so a stream of 1 MiB puts into 32 MiB extents costs 1 + 1/32 round trips
-each. The client uses an extent only while its lease has at least `timeout_s` left
-on the client's own clock (the lease started on the master's clock before the grant
+When the extent is full a GrantExtent gets a new one, so a stream of 1 MiB puts into
+32 MiB extents costs 1 + 1/32 round trips each. Threads share the extent: one grant
+is in flight at a time (a put that finds the extent full while another thread is
+getting the next one goes through PutStart, never a second grant that would orphan
+one of them), and an extent is released only once no put is still writing into it
+(the master frees its uncommitted ranges at once, and a one-sided write landing there
+afterwards would overwrite whatever was placed there next): with the grant when it
+is idle, else by the last put to finish in it.
+
+The client uses an extent only while its lease has at least `timeout_s` left on the
+client's own clock (the lease started on the master's clock before the grant
 reply was sent, so the client's view is the earlier, safer one): a write begun in time
 lands before the master could free the range. Puts that do not qualify (replicas > 1,
 a tier other than DRAM, a pin, objects over `extent_max_object`) or that meet an
@@ -37,6 +44,8 @@ class _Lease:
     cursor: int  # next free offset (segment coordinates)
     alignment: int
     usable_until: float  # client monotonic clock
+    users: int = 0  # puts that took a range and have not finished
+    keep: bool = False  # abandoned: never released, its lease runs out on the master
 
     @property
     def end(self) -> int:
@@ -51,6 +60,8 @@ class ExtentHolder:
         self.max_object = max_object
         self.margin_s = margin_s
         self._lease: _Lease | None = None
+        self._retiring: dict[int, _Lease] = {}  # replaced while puts were still in them
+        self._granting = False
         self._lock = threading.Lock()
         self.grants = 0
         self.fallbacks = 0  # puts that went through PutStart after trying here
@@ -75,7 +86,46 @@ class ExtentHolder:
                                      start, size, lease.base.capability))  # fmt: skip
                 cursor = start + size
             lease.cursor = cursor
+            lease.users += 1
             return lease.extent_id, locs
+
+    def done(self, extent_id: int) -> bool:
+        """A put that took a range of `extent_id` finished (committed or not); whether
+        the caller must now release that extent (it was replaced, and this was the last
+        put in it)."""
+        with self._lock:
+            lease = self._lease
+            if lease is not None and lease.extent_id == extent_id:
+                lease.users -= 1
+                return False
+            lease = self._retiring.get(extent_id)
+            if lease is None:
+                return False
+            lease.users -= 1
+            if lease.users > 0:
+                return False
+            del self._retiring[extent_id]
+            return not lease.keep
+
+    def begin_grant(self) -> int | None:
+        """Start getting the next extent: the id to release with the grant (0 = none),
+        or None if another thread is getting one now (then use PutStart)."""
+        with self._lock:
+            if self._granting:
+                return None
+            self._granting = True
+            lease, self._lease = self._lease, None
+            if lease is None:
+                return 0
+            if lease.users:  # puts still writing into it: the last one releases it
+                self._retiring[lease.extent_id] = lease
+                return 0
+            return 0 if lease.keep else lease.extent_id
+
+    def end_grant(self) -> None:
+        """The grant begun failed: the next put may try again."""
+        with self._lock:
+            self._granting = False
 
     def install(self, reply: master_pb2.GrantExtentResponse, sent_at: float) -> None:
         base = from_pb_location(reply.location)
@@ -84,6 +134,7 @@ class ExtentHolder:
             self.extent_bytes = 0
         with self._lock:
             self._lease = _Lease(reply.extent_id, base, base.offset, reply.alignment or 1, until)
+            self._granting = False
             self.grants += 1
 
     def renewed(self, extent_id: int, ttl_ms: int, sent_at: float, capability: bytes = b"") -> None:
@@ -95,22 +146,30 @@ class ExtentHolder:
                     self._lease.base = replace(self._lease.base, capability=capability)
 
     def current(self) -> int:
-        """The id of the extent to release with the next grant (0 = none)."""
+        """The id of the extent puts take ranges from now (0 = none)."""
         lease = self._lease
         return lease.extent_id if lease is not None else 0
 
     def abandon(self, extent_id: int) -> None:
-        """Stop using an extent without releasing it (a write may still be landing in it,
-        or the master forgot it): its lease runs out on the master."""
+        """Stop using an extent without ever releasing it (a write may still be landing
+        in it, or the master forgot it): its lease runs out on the master."""
         with self._lock:
-            if self._lease is not None and self._lease.extent_id == extent_id:
+            lease = self._lease
+            if lease is not None and lease.extent_id == extent_id:
                 self._lease = None
+                if lease.users:
+                    lease.keep = True
+                    self._retiring[extent_id] = lease
+            elif extent_id in self._retiring:
+                self._retiring[extent_id].keep = True
 
     def detach(self) -> int:
-        """Forget the current extent; its id, for a final release (0 = none)."""
+        """Forget the current extent; its id, for a final release (0 = none, or puts
+        are still writing into it: then its lease runs out on the master)."""
         with self._lock:
             lease, self._lease = self._lease, None
-        return lease.extent_id if lease is not None else 0
+            self._retiring.clear()
+        return lease.extent_id if lease is not None and not lease.users and not lease.keep else 0
 
 
 def eligible(holder: ExtentHolder, views: Sequence[memoryview], replicas: int,

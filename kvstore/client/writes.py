@@ -212,9 +212,14 @@ def extent_put_op(
     sizes = [v.nbytes for v in views]
     taken = holder.take(sizes)
     if taken is None:
+        release = holder.begin_grant()
+        if release is None:  # another thread is getting the next extent: PutStart
+            holder.fallbacks += len(keys)
+            return list(range(len(keys)))
         try:
-            yield from _grant(ctx, sum(sizes) + len(sizes) * 256)  # + alignment slack
+            yield from _grant(ctx, sum(sizes) + len(sizes) * 256, release)  # + alignment slack
         except KVStoreError:
+            holder.end_grant()
             holder.fallbacks += len(keys)
             return list(range(len(keys)))
         taken = holder.take(sizes)
@@ -222,6 +227,24 @@ def extent_put_op(
             holder.fallbacks += len(keys)
             return list(range(len(keys)))
     extent_id, locs = taken
+    try:
+        retry = yield from _write_in_extent(ctx, keys, views, group, results, extent_id, locs)
+    except BaseException:
+        holder.abandon(extent_id)  # its writes' fate is unknown: never release it
+        holder.done(extent_id)
+        raise
+    if holder.done(extent_id):  # replaced meanwhile, and this was its last put
+        yield from _release(ctx, extent_id)
+    return retry
+
+
+def _write_in_extent(
+    ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], group: str,
+    results: list[KVStoreError | None], extent_id: int, locs: list[Location],
+) -> Op[list[int]]:  # fmt: skip
+    """Write and commit the keys at `locs` of extent `extent_id`; the indices left."""
+    holder = ctx.extents
+    sizes = [v.nbytes for v in views]
     descs = yield from resolve(ctx, locs)
     if any(d is None for d in descs):
         holder.abandon(extent_id)
@@ -268,29 +291,33 @@ def extent_put_op(
     return retry
 
 
-def _grant(ctx: OpContext, need: int) -> Op[None]:
+def _grant(ctx: OpContext, need: int, release: int) -> Op[None]:
+    """A new extent of at least `need` bytes, releasing extent `release` (0 = none)."""
     holder = ctx.extents
     request = master_pb2.GrantExtentRequest(
         client_id=ctx.config.id, client_node=ctx.node_id, size=max(holder.extent_bytes, need),
-        min_size=need, release_extent=holder.current(),
+        min_size=need, release_extent=release,
     )  # fmt: skip
-    holder.detach()
     sent = time.monotonic()
     reply = yield Rpc("GrantExtent", request)
     holder.install(reply, sent)
 
 
-def release_op(ctx: OpContext) -> Op[None]:
-    """Give the current extent back (at close; best effort: its lease ends anyway)."""
-    extent_id = ctx.extents.detach()
-    if not extent_id:
-        return
+def _release(ctx: OpContext, extent_id: int) -> Op[None]:
+    """Give extent `extent_id` back (best effort: its lease ends anyway)."""
     request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
                                              release=True)  # fmt: skip
     try:
         yield Rpc("CommitExtent", request)
     except KVStoreError:
         return
+
+
+def release_op(ctx: OpContext) -> Op[None]:
+    """Give the current extent back (at close; best effort: its lease ends anyway)."""
+    extent_id = ctx.extents.detach()
+    if extent_id:
+        yield from _release(ctx, extent_id)
 
 
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:
