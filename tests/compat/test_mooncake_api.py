@@ -488,15 +488,12 @@ def test_concurrent_puts_and_gets_from_threads(store: MooncakeDistributedStore) 
     assert _in_threads(work) == []
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "kvstore.client extents: threads that find the extent full each GrantExtent a new one, "
-    "installed over the others' (never released); the orphaned leases fill the segment and "
-    "the master evicts committed objects for them (docs/mooncake_compat.md)"))  # fmt: skip
 def test_concurrent_writers_keep_their_objects(cluster: Cluster) -> None:
     """Mooncake's test_concurrent_stress_with_barrier in its shape: 8 threads put 1 MiB
     values into one store's own segment (half full at the end), then every key is
-    still there. Each put returns 0; the keys evicted for orphaned extents read b"", and
-    there that test's worker dies before its barrier (the 840 s hangs)."""
+    still there. Before 187868c each put returned 0 but racing extent grants in
+    kvstore.client orphaned leases, the master evicted keys for them (they read b""),
+    and there that test's worker died before its barrier (the 840 s hangs)."""
     s = MooncakeDistributedStore()
     assert (
         s.setup("localhost", "P2PHANDSHAKE", 256 * MiB, 16 * MiB, "tcp", "", cluster.address) == 0
@@ -548,10 +545,6 @@ RUN_ALL_UPSTREAM = any(os.environ.get(v) for v in ("KVSTORE_MOONCAKE_SUITES", "M
 # that took under a minute; the ones out are slow from their own sleeps (lease TTLs,
 # SSD offload waits), touch no store, or cover what the default set does.
 OPT_IN = {
-    # its concurrent stress test loses objects (and, without SUITE_MAIN's barrier
-    # timeout, hangs) while concurrent puts orphan extent leases in kvstore.client
-    # (test_concurrent_writers_keep_their_objects, xfail until then)
-    "test_distributed_object_store.py": "kvstore.client's extent race; 111 s",
     "test_replicated_distributed_object_store.py": "66 s",
     "test_batch_replica_clear.py": "98 s",
     "test_ssd_offload_in_evict.py": "96 s",
