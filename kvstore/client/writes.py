@@ -222,6 +222,9 @@ def extent_put_op(
             holder.end_grant()
             holder.fallbacks += len(keys)
             return list(range(len(keys)))
+        except BaseException:  # cancelled: the next put may grant again
+            holder.end_grant()
+            raise
         taken = holder.take(sizes)
         if taken is None:
             holder.fallbacks += len(keys)
