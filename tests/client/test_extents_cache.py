@@ -15,6 +15,7 @@ from kvstore.client.datapath import Transfer
 from kvstore.errors import CorruptError, NotFoundError, TooLargeError
 from kvstore.transfer.base import TransferOp
 from tests.cluster import REPO, Cluster, _read_line, child_env
+from tests.threads import in_threads
 
 TTL_S = 1.5  # the master's extent lease here; clients use an extent while > timeout_s is left
 TIMEOUT_S = 0.5
@@ -234,7 +235,6 @@ def test_threads_share_one_extent_and_release_each_only_when_idle(pool: Cluster)
     the grant: every object is there afterwards and at most the current extent is left
     on the master (before, racing grants orphaned extents, whose leases filled the
     segment, and a release freed ranges a write was still landing in)."""
-    import threading
     import time
 
     from kvstore.client.extents import ExtentHolder
@@ -257,21 +257,12 @@ def test_threads_share_one_extent_and_release_each_only_when_idle(pool: Cluster)
 
     value = b"x" * (512 << 10)  # 8 x 4 of them: half the node (eviction would not keep all)
     with Client(pool.address, timeout_s=TIMEOUT_S, extent_bytes=2 << 20) as c:
-        errors: list[BaseException] = []
 
         def put(t: int) -> None:
-            try:
-                for i in range(4):
-                    c.put(f"share-{t}-{i}", value)
-            except BaseException as e:  # reported below
-                errors.append(e)
+            for i in range(4):
+                c.put(f"share-{t}-{i}", value)
 
-        threads = [threading.Thread(target=put, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors and not any(t.is_alive() for t in threads)
+        assert in_threads(put, 8) == []
         keys = [f"share-{t}-{i}" for t in range(8) for i in range(4)]
         assert all(c.get(k) == value for k in keys)
         assert c._ctx.extents.grants >= 2 and pool.stats().extents <= 1

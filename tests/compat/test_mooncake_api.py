@@ -9,7 +9,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from kvstore.compat.mooncake_core import StoreCore
 from kvstore.compat.shim import SHIM_DIR
 from kvstore.errors import BadRequestError
 from tests.cluster import REPO, Cluster, cluster_fixture
+from tests.threads import in_threads
 
 pytestmark = pytest.mark.timeout(180)
 cluster = cluster_fixture(nodes=1, dram_bytes=32 << 20)
@@ -422,25 +422,12 @@ def test_setup_dummy_lends_nothing(cluster: Cluster, store: MooncakeDistributedS
 def _in_threads(fn: Callable[[int], None], n: int = 8) -> list[str]:
     """Run fn(0..n-1) in n threads at once, switching threads every microsecond (the
     interleavings a loaded host produces now and then); what each raised."""
-    errors: list[str] = []
-
-    def run(i: int) -> None:
-        try:
-            fn(i)
-        except Exception as exc:
-            errors.append(repr(exc))
-
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        return [repr(e) for e in in_threads(fn, n)]
     finally:
         sys.setswitchinterval(interval)
-    return errors
 
 
 def test_put_lease_bookkeeping_is_thread_safe() -> None:
@@ -505,11 +492,7 @@ def test_concurrent_writers_keep_their_objects(cluster: Cluster) -> None:
         def put(t: int) -> None:
             codes.extend(s.put(f"writer-{t}-{i}", value) for i in range(16))
 
-        threads = [threading.Thread(target=put, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        assert in_threads(put, 8) == []
         assert codes == [0] * 128
         missing = [f"writer-{t}-{i}" for t in range(8) for i in range(16)
                    if s.is_exist(f"writer-{t}-{i}") != 1]  # fmt: skip

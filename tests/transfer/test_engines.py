@@ -13,6 +13,7 @@ from kvstore.transfer.base import TransferEngine, TransferOp, TransferRequest, r
 from kvstore.transfer.serve import pattern
 from kvstore.transfer.shm import ShmEngine
 from kvstore.transfer.tcp import TcpConfig, TcpEngine
+from tests.threads import in_threads
 
 from .conftest import ServerProcess
 
@@ -202,25 +203,15 @@ def test_tcp_small_batches_run_inline_and_concurrent_ones_on_workers(
         assert np.array_equal(local[:MiB], expected[:MiB])
         ran_on.clear()
 
-        errors: list[BaseException] = []
-
         def reader(k: int) -> None:
-            try:
-                mine = np.zeros(512 << 10, dtype=np.uint8)
-                b = engine.register(f"r{k}", mine)
-                for i in range(12):
-                    off = ((k * 13 + i * 7) % 15) * (512 << 10)
-                    engine.read(server.desc, off, mine.nbytes, b, timeout=20)
-                    assert np.array_equal(mine, expected[off : off + mine.nbytes])
-            except BaseException as e:  # reported below
-                errors.append(e)
+            mine = np.zeros(512 << 10, dtype=np.uint8)
+            b = engine.register(f"r{k}", mine)
+            for i in range(12):
+                off = ((k * 13 + i * 7) % 15) * (512 << 10)
+                engine.read(server.desc, off, mine.nbytes, b, timeout=20)
+                assert np.array_equal(mine, expected[off : off + mine.nbytes])
 
-        threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors and not any(t.is_alive() for t in threads)
+        assert in_threads(reader, 6) == []
         ran_on.clear()
         peer = engine._peers[server.desc.endpoint]
         with peer.inline_lock:  # as if another caller were on the inline socket
