@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import xxhash
 
@@ -65,6 +65,8 @@ def put_op(
     Inside this client's extent when the batch qualifies (one round trip), else (and for
     what failed there) by PutStart / PutEnd."""
     replicas = opts.replicas or ctx.config.replicas
+    if ctx.locations.capacity:  # a key put again must not be read from where it was
+        ctx.locations.drop(keys)
     if not eligible(ctx.extents, views, replicas, opts.tier, opts.pin_ttl_s):
         return (yield from _started_put_op(ctx, keys, views, opts))
     results: list[KVStoreError | None] = [None] * len(keys)
@@ -278,8 +280,12 @@ def _write_in_extent(
         )
         for i in ok
     ]
+    # A writer lease (kvstore.master.writerleases) lets a get of these keys read them
+    # from where they were written with no lookup; asked for only where cached reads are
+    # checked (the cache is off without checksums).
+    ask = int(ctx.config.location_cache_ttl_s * 1000) if ctx.locations.capacity else 0
     request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
-                                             items=items)  # fmt: skip
+                                             items=items, read_lease_ms=ask)  # fmt: skip
     sent = time.monotonic()
     try:
         reply = yield Rpc("CommitExtent", request)
@@ -288,8 +294,12 @@ def _write_in_extent(
         holder.fallbacks += len(keys)
         return sorted(ok + retry)
     holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
-    for i, status in zip(ok, reply.results, strict=True):
-        results[i] = error_for(status.code, status.message)
+    lease_s = reply.read_lease_ms / 1000
+    for i, item, status in zip(ok, items, reply.results, strict=True):
+        results[i] = err = error_for(status.code, status.message)
+        if err is None and lease_s > 0:  # held for a margin short of the lease (locations)
+            loc = replace(locs[i], capability=b"")
+            ctx.locations.put(keys[i], sizes[i], item.checksum, (loc,), lease_s)
     holder.fallbacks += len(retry)
     return retry
 

@@ -44,6 +44,8 @@ class MasterConfig:
     rebalance_scan: int = 512  # LRU groups examined per segment per rebalance pass
     fast_lane: bool = True  # serve the hot-path calls on a framed TCP port too (kvstore.fastlane)
     extent_ttl_s: float = 30.0  # lease of a client's extent (kvstore.master.extents)
+    # longest read lease a commit grants its writer (kvstore.master.writerleases); 0 = none
+    writer_lease_ttl_s: float = 2.0
     max_extent_bytes: int = 256 << 20
     fence_s: float = 10.0  # a node clients report unreachable gets no new replica this long
 
@@ -85,6 +87,8 @@ class MasterConfig:
             raise BadRequestError("heartbeat_interval_s must be shorter than node_ttl_s")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise BadRequestError("default_lease_ttl_s exceeds max_lease_ttl_s")
+        if not 0 <= self.writer_lease_ttl_s <= self.max_lease_ttl_s:
+            raise BadRequestError("writer_lease_ttl_s must be within 0..max_lease_ttl_s")
         if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
             raise BadRequestError("need 0 < low_watermark <= high_watermark <= 1")
         for entry in self.tier_watermarks:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from kvstore.master.model import (
 from kvstore.master.objects import ObjectTable
 from kvstore.master.placement import place, rank_segments
 from kvstore.master.tiering import MoveResult, Tiering, is_durable, same_replica
+from kvstore.master.writerleases import WriterLeases
 from kvstore.types import Location, Tier, check_key
 
 Clock = Callable[[], float]
@@ -86,6 +87,7 @@ class MasterState:
         self.tiering = Tiering(self)
         self._durable = np.zeros(0, bool)  # per segment slot: a durable tier
         self.extents = Extents(self._segment_or_none, config.extent_ttl_s)
+        self.writer_leases = WriterLeases(config.writer_lease_ttl_s)
 
     # ---- nodes and segments -------------------------------------------------
 
@@ -160,6 +162,7 @@ class MasterState:
     def put_start_columns(self, client_id: str, client_node: str, cols: PutColumns) -> RowBatch:
         """`put_start` of a batch given as columns: per key its new row id or its error
         (the service encodes replies from the rows)."""
+        self.writer_leases.check_put(client_id, cols.keys, self.clock())
         res = batch.put_start(self, client_id, client_node, cols)
         self.evict_to_watermark()
         return res
@@ -343,13 +346,19 @@ class MasterState:
         return None
 
     def commit_extent(
-        self, client_id: str, extent_id: int, items: Sequence[CommitItem], release: bool = False
-    ) -> list[KeyError_]:
+        self, client_id: str, extent_id: int, items: Sequence[CommitItem], release: bool = False,
+        read_lease_s: float = 0.0,
+    ) -> list[KeyError_]:  # fmt: skip
         """Make objects written inside the client's extent visible (NotFoundError for the
-        whole call once its lease ended); a result per item. Renews the lease."""
+        whole call once its lease ended); a result per item. Renews the lease.
+        `read_lease_s` > 0: the writer holds a writer lease on each key committed
+        (kvstore.master.writerleases)."""
         now = self.clock()
         ext = self.extents.owned(client_id, extent_id, now)
         results = [self._commit_placed(client_id, ext, item, now) for item in items]
+        if read_lease_s > 0:
+            done = (it.key for it, err in zip(items, results, strict=True) if err is None)
+            self.writer_leases.grant(client_id, done, read_lease_s, now)
         self.extents.renew(ext, now)
         if release:
             self.extents.release(ext)
@@ -362,6 +371,9 @@ class MasterState:
             check_key(item.key)
         except BadRequestError as exc:
             return exc
+        refused = self.writer_leases.tombstone(item.key, client_id, now)
+        if refused is not None:
+            return refused
         old = self.objects.get(item.key)
         if old is not None and not self._stale_write(old, now):
             what = "being written" if old.state is ObjectState.WRITING else "committed"
@@ -433,15 +445,22 @@ class MasterState:
         ]
 
     def remove(
-        self, keys: Sequence[str], force: bool = False, node_id: str = ""
-    ) -> list[KeyError_]:
+        self, keys: Sequence[str], force: bool = False, node_id: str = "", client_id: str = "",
+        own: Collection[str] = (),
+    ) -> list[KeyError_]:  # fmt: skip
         """Remove committed keys; leased or pinned ones only with `force`. `node_id`:
         only their replicas on that node (Mooncake's per-segment replica clear); an
-        object goes with its last replica."""
+        object goes with its last replica. `client_id`: the caller, whose own writer
+        leases (kvstore.master.writerleases) do not block its remove; `own`: keys whose
+        read lease only the caller holds (kvstore.master.admin.removable_by_reader),
+        which does not block it either (another client's writer lease still does)."""
         now = self.clock()
-        return [self._remove_one(key, force, now, node_id) for key in keys]
+        return [self._remove_one(key, force, now, node_id, client_id, own) for key in keys]
 
-    def _remove_one(self, key: str, force: bool, now: float, node_id: str = "") -> KeyError_:
+    def _remove_one(
+        self, key: str, force: bool, now: float, node_id: str = "", client_id: str = "",
+        own: Collection[str] = (),
+    ) -> KeyError_:  # fmt: skip
         obj = self.objects.get(key)
         if obj is None:
             return NotFoundError(f"unknown key {key!r}")
@@ -450,10 +469,17 @@ class MasterState:
         there = [r for r in obj.replicas if r.node_id == node_id] if node_id else []
         if node_id and not there:
             return NotFoundError(f"{key!r} has no replica on node {node_id!r}")
-        if obj.protected(now) and not force:
+        if obj.protected(now) and not force and key not in own:
             return NotReadyError(f"{key!r} is leased or pinned")
+        if not force:
+            refused = self.writer_leases.check_remove(key, client_id, now)
+            if refused is not None:
+                return refused
         if not there or len(there) == len(obj.replicas):
+            mine = bool(client_id) and self.writer_leases.holder(key, now) == client_id
             self._drop(obj)
+            if mine:
+                self.writer_leases.released(key)  # the writer's own remove: no tombstone
             return None
         if obj.moving:  # its move's source or target may be one of them: let it settle
             return NotReadyError(f"{key!r} is moving between tiers")
@@ -468,6 +494,7 @@ class MasterState:
         dead = self.expire_nodes()
         reclaimed = self.reclaim_stale_puts()
         self.extents.expire(self.clock())
+        self.writer_leases.sweep(self.clock())
         self.tiering.drop_deferred()
         evicted = self.evict_to_watermark()
         return dead, reclaimed, evicted
@@ -608,6 +635,8 @@ class MasterState:
         self.objects.index.delete(obj.id)
         self.objects.free_id(obj.id)
         self.writing.pop(obj.key, None)
+        if len(self.writer_leases):
+            self.writer_leases.dropped(obj.key, self.clock())
         if state is ObjectState.COMPLETE:
             self.journal.drop_object(obj.key)
 
@@ -618,6 +647,7 @@ class MasterState:
         self.registry.check_integrity()
         self.objects.check_integrity()
         self.groups.check_integrity(self.objects)
+        self.writer_leases.check_integrity()
         ranges: dict[tuple[str, str], list[tuple[int, int]]] = {
             k: [] for k in self.registry.segments
         }

@@ -207,11 +207,10 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         own = set()
         if request.client_id and not request.force:
             own = removable_by_reader(self.state, self.readers, request.keys, request.client_id)
-        node = request.node_id
-        if own:  # the caller's own lease does not block its own remove
-            res = [self.state.remove([k], k in own, node)[0] for k in request.keys]
-        else:
-            res = self.state.remove(request.keys, request.force, node)
+        # the caller's own read and writer leases do not block its own remove
+        res = self.state.remove(
+            request.keys, request.force, request.node_id, request.client_id, own
+        )
         return master_pb2.RemoveResponse.FromString(wire.statuses_payload(res))
 
     @translate
@@ -242,9 +241,15 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         items = [
             CommitItem(it.key, it.offset, it.size, it.checksum, it.group) for it in request.items
         ]
-        res = self.state.commit_extent(request.client_id, request.extent_id, items, request.release)
+        # a writer lease lets the writer read its keys back with no lookup; none when
+        # secured (a cached read would need a READ capability this reply does not mint)
+        lease = self.state.writer_leases.ttl(request.read_lease_ms) if self.caps is None else 0.0
+        res = self.state.commit_extent(
+            request.client_id, request.extent_id, items, request.release, lease
+        )
         reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
         reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
+        reply.read_lease_ms = int(lease * 1000)
         ext = self.state.extents.live.get(request.extent_id)
         if self.caps is not None and ext is not None and not request.release:
             reply.capability = self.caps.grant(

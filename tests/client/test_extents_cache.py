@@ -12,7 +12,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.datapath import Transfer
-from kvstore.errors import CorruptError, NotFoundError, TooLargeError
+from kvstore.errors import CorruptError, NotFoundError, NotReadyError, TooLargeError
 from kvstore.transfer.base import TransferOp
 from tests.cluster import REPO, Cluster, _read_line, child_env
 from tests.threads import in_threads
@@ -102,6 +102,41 @@ def test_get_into_a_cached_location_is_a_copy_and_checked(pool: Cluster) -> None
             a.get_into("into", out)
         assert a._ctx.locations.stale == 1 and a._ctx.locations.get("into") is None
         assert "BatchLookup" in calls
+
+
+def test_a_writer_reads_its_puts_back_under_its_writer_lease(pool: Cluster) -> None:
+    """kvstore.master.writerleases through real processes: the writer's get of what it
+    just put needs no master call; another client may not remove it meanwhile (the
+    writer's own remove goes through); a forced remove whose space is written again is
+    caught by the cached read's check, never served; an evicted key is a tombstone."""
+    with Client(pool.address, timeout_s=TIMEOUT_S) as w, Client(pool.address) as other:
+        w.put("wl-mine", b"v1" * 2000)
+        calls: list[str] = []
+        route = w._route
+        w._route = lambda step: calls.append(step.method) or route(step)  # type: ignore[method-assign]
+        assert w.get("wl-mine") == b"v1" * 2000 and calls == []  # read where it was written
+        assert w._ctx.locations.hits == 1
+        with pytest.raises(NotReadyError, match="leased"):
+            other.remove("wl-mine")
+        assert other.exists("wl-mine")  # refused: nothing changed (a query takes no lease)
+        assert w.remove("wl-mine") and w._ctx.locations.get("wl-mine") is None
+        w.put("wl-forced", b"a" * 3000)
+        entry = w._ctx.locations.get("wl-forced")
+        assert entry is not None and entry.checksum
+        assert other.remove("wl-forced", force=True)  # an admin's remove breaks the lease...
+        loc = entry.replicas[0]
+        desc = w._ctx.directory.descriptor(loc)
+        junk = memoryview(b"b" * 3000)  # ...and its space is written again
+        assert w._ctx.data.run(TransferOp.WRITE, [Transfer(desc, loc.offset, junk)]).errors == [
+            None
+        ]  # fmt: skip
+        with pytest.raises(NotFoundError):  # the cached read fails its check: looked up
+            w.get("wl-forced")
+        assert w._ctx.locations.stale == 1
+        with pytest.raises(NotReadyError, match="retry in"):  # dropped under the lease
+            other.put("wl-forced", b"c" * 3000)
+        w.put("wl-forced", b"d" * 3000)  # its writer may put it again
+        assert other.get("wl-forced") == b"d" * 3000
 
 
 def test_writer_killed_before_its_commit_leaves_nothing(pool: Cluster) -> None:

@@ -56,8 +56,13 @@ def test_lost_only_replica_is_a_typed_error(pool: Cluster) -> None:
 
 
 def test_hung_peer_fails_within_the_timeout(pool: Cluster) -> None:
-    with Client(pool.address, transport="tcp", timeout_s=1.0) as c:
-        c.put("hung", b"y" * 100_000)
+    # the reader is not the writer: a writer reads its own puts back from its location
+    # cache first (kvstore.master.writerleases), which would add one timeout
+    with (
+        Client(pool.address, transport="tcp") as w,
+        Client(pool.address, transport="tcp", timeout_s=1.0) as c,
+    ):
+        w.put("hung", b"y" * 100_000)
         (holder,) = pool.holders("hung")
         node = pool.node_procs[pool.node_index(holder)]
         node.proc.send_signal(signal.SIGSTOP)  # connected but silent
@@ -72,9 +77,9 @@ def test_hung_peer_fails_within_the_timeout(pool: Cluster) -> None:
 
 def test_lease_blocks_eviction(pool: Cluster) -> None:
     leased = payload(128 << 10, seed=1)
-    with Client(pool.address, lease_ttl_s=30.0) as c:
-        c.put("leased", leased)
-        c.put("plain", payload(128 << 10, seed=2))
+    with Client(pool.address) as w, Client(pool.address, lease_ttl_s=30.0) as c:
+        w.put("leased", leased)  # a writer's own get would be served by its writer lease,
+        w.put("plain", payload(128 << 10, seed=2))  # which does not hold against eviction
         assert c.get("leased") == leased  # lookup grants a 30 s lease
         for i in range(24):  # 3 MiB into a 2 MiB pool: eviction must run
             c.put(f"filler{i}", payload(128 << 10, seed=100 + i))
