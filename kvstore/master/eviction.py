@@ -169,6 +169,11 @@ class GroupIndex:
         else:
             self._gpos[~node] = pos
 
+    def touch_id(self, i: int) -> None:
+        """`touch_ids` of one row, without numpy."""
+        g = int(self._t.group_v[i])
+        self.touch_node(i if g < 0 else ~g)
+
     def touch_ids(self, ids: np.ndarray) -> None:
         """Touch the groups of rows `ids`, in order (the last touch of a group counts)."""
         if len(ids):

@@ -113,13 +113,15 @@ class Extents:
                 f"extent {ext.extent_id}"
             )
         length = ext.pieces.pop(start)
-        alloc.free(start, length)
         end = start + length
-        for lo, hi in ((start, item.offset), (item.offset + size, end)):
+        cut = []  # the piece, re-cut in place: no free range changes
+        for lo, hi in ((start, item.offset), (item.offset, item.offset + size),
+                       (item.offset + size, end)):  # fmt: skip
             if hi > lo:
-                alloc.allocate_at(lo, hi - lo)
-                ext.pieces[lo] = hi - lo
-        alloc.allocate_at(item.offset, size)
+                cut.append((lo, hi - lo))
+                if lo != item.offset:
+                    ext.pieces[lo] = hi - lo
+        alloc.split(start, length, cut)
         return Location(ext.node_id, seg.tier, ext.segment, item.offset, item.size)
 
     def renew(self, ext: Extent, now: float) -> None:

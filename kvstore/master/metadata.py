@@ -388,7 +388,7 @@ class MasterState:
             item.checksum,
         )  # fmt: skip
         self.registry.segment(loc.node_id, loc.segment).counters.bytes_in += item.size
-        self.groups.touch_ids(np.array([obj.id], _I64))  # as a commit touches its group
+        self.groups.touch_id(obj.id)  # as a commit touches its group
         self.journal.save_object(obj)
         return None
 

@@ -23,6 +23,7 @@ Memory is then O(free ranges), not O(allocations).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvstore.errors import BadRequestError
@@ -178,6 +179,25 @@ class OffsetAllocator:
         if offset + size < end:
             self._insert_free(offset + size, end - offset - size)
         self._claimed(offset, size, 1)
+
+    def split(self, offset: int, size: int, pieces: Sequence[tuple[int, int]]) -> None:
+        """Re-cut the allocation [offset, +size) into `pieces` ((offset, aligned size),
+        ascending), which must tile it exactly: no free range changes, so it costs no
+        bin update (an extent's commit carves an object out of its range this way)."""
+        cursor = offset
+        for o, s in pieces:
+            if o != cursor or s <= 0 or s % self._alignment:
+                raise BadRequestError(f"pieces do not tile [{offset}, +{size}) at {cursor}")
+            cursor = o + s
+        if cursor != offset + size:
+            raise BadRequestError(f"pieces end at {cursor}, not {offset + size}")
+        if self._allocated is not None:
+            if self._allocated.get(offset) != size:
+                raise BadRequestError(f"no allocation of {size} bytes at {offset}")
+            del self._allocated[offset]
+            for o, s in pieces:
+                self._allocated[o] = s
+        self._count += len(pieces) - 1
 
     def free(self, offset: int, size: int | None = None) -> None:
         """Return an allocation; it merges with free neighbours at once. `size` (the

@@ -88,6 +88,24 @@ def test_allocate_at_claims_exact_ranges() -> None:
     alloc.check_integrity()
 
 
+@pytest.mark.parametrize("track", [True, False])
+def test_split_recuts_an_allocation_in_place(track: bool) -> None:
+    a = OffsetAllocator(4096, 64, track=track)
+    assert a.allocate(1024) == 0
+    free = a.free_ranges()
+    a.split(0, 1024, [(0, 256), (256, 64), (320, 704)])
+    assert a.free_ranges() == free and a.used == 1024  # no free range changed
+    a.check_integrity(None if track else [(0, 256), (256, 64), (320, 704)])
+    for bad in ([(0, 256), (320, 704)], [(0, 512)], [(0, 1000), (1000, 24)]):
+        with pytest.raises(BadRequestError):  # a gap, too short, unaligned
+            a.split(0, 256 if bad == [(0, 512)] else 1024, bad)
+    a.free(256, 64)  # each piece is an allocation of its own now
+    a.check_integrity(None if track else [(0, 256), (320, 704)])
+    if track:
+        with pytest.raises(BadRequestError):  # no such allocation
+            a.split(0, 1024, [(0, 512), (512, 512)])
+
+
 def test_ascending_allocate_at_rebuild() -> None:
     alloc = OffsetAllocator(64 * 1000, alignment=64)
     for i in range(0, 1000, 2):
