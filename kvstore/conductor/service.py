@@ -14,7 +14,7 @@ conductor's own in-flight accounting (`Ledger`), and let the policy place it
 
 relaying tokens as they come. A cancelled client stream cancels the node calls
 (grpc.aio cancels the handler; `finally` cancels what is open). An early rejection
-aborts with RESOURCE_EXHAUSTED and, when a retry helps, trailing metadata
+ends the stream with RESOURCE_EXHAUSTED and, when a retry helps, trailing metadata
 `retry-after-ms`.
 """
 
@@ -105,9 +105,18 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
                     yield message
         except RejectedError as exc:
             self.counters.rejected += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), trailing_metadata=retry_metadata(exc)
-            )
+            # The status is set and the stream ends without raising: `context.abort` would
+            # raise an AbortError into grpc, whose handler keeps it in a reference cycle
+            # (the call's state, the error, its traceback) together with this
+            # rejection's chain through the policy's frames (~80 objects a rejection,
+            # thousands in a burst) that only a full collection frees; those waiting
+            # in between are what raised this process's RSS in the soak's bursts
+            # (docs/reliability.md, "bench/soak.py"). Dropping the traceback breaks the
+            # cycles a frame keeps to its own exception (a policy that holds one).
+            context.set_trailing_metadata(retry_metadata(exc))
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(str(exc))
+            exc.__traceback__ = None
         except KVStoreError as exc:
             self.counters.failed += 1
             await context.abort(status_for(exc), str(exc))
