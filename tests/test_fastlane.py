@@ -5,6 +5,7 @@ lane, hostile bytes close only their own connection, and the async client uses i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import struct
 from collections import Counter
@@ -163,3 +164,73 @@ def test_master_without_lane_serves_grpc(tmp_path: Any) -> None:
         assert c.get("k") == b"v"
         assert cluster.stats().fast_lane == ""
         assert c._router.lane is None
+
+
+class _Waiting:
+    """A stand-in servicer: Stats answers at once; NodeTasks waits for `go`, and each
+    call sees only its own context variable."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.entered: asyncio.Queue[str] = asyncio.Queue()
+        self.cancelled = 0
+        self.seen: list[str] = []
+
+    async def Stats(self, request: Any, context: Any) -> Any:
+        return master_pb2.StatsResponse(fast_lane="now")
+
+    async def NodeTasks(self, request: Any, context: Any) -> Any:
+        _VAR.set(request.node_id)
+        self.entered.put_nowait(request.node_id)
+        try:
+            await self.go.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        await asyncio.sleep(0)  # a bare yield too
+        self.seen.append(_VAR.get())
+        return master_pb2.NodeTasksResponse()
+
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("lane_test", default="")
+
+
+def test_calls_run_inline_until_they_wait_and_waiting_ones_resume() -> None:
+    """kvstore.fastlane runs each request eagerly in data_received: a call that never
+    waits is answered with no Task; one that waits is resumed by a Task in its own
+    context, answered when what it waits on is done; stopping the lane cancels it
+    inside the servicer's await."""
+
+    async def main() -> None:
+        servicer = _Waiting()
+        lane = await fastlane.FastLaneServer.start(servicer, "127.0.0.1")
+        client = fastlane.AsyncLane(lane.address, timeout_s=5.0)
+        try:
+            reply = await client.call("Stats", master_pb2.StatsRequest())
+            assert reply.fast_lane == "now" and not lane.tasks  # answered inline
+            waits = [
+                asyncio.ensure_future(
+                    client.call("NodeTasks", master_pb2.NodeTasksRequest(node_id=f"n{i}"))
+                )
+                for i in range(3)
+            ]
+            for _ in waits:  # each has reached its wait: a Task holds it now
+                await servicer.entered.get()
+            assert len(lane.tasks) == 3 and not any(w.done() for w in waits)
+            servicer.go.set()
+            await asyncio.wait_for(asyncio.gather(*waits), 5.0)
+            assert sorted(servicer.seen) == ["n0", "n1", "n2"]  # each its own context
+            servicer.go.clear()
+            late = asyncio.ensure_future(
+                client.call("NodeTasks", master_pb2.NodeTasksRequest(node_id="late"))
+            )
+            assert await servicer.entered.get() == "late"
+            await lane.stop()
+            assert servicer.cancelled == 1  # the wait inside the servicer was cancelled
+            with pytest.raises(fastlane.LaneDown):  # its connection closed with the lane
+                await asyncio.wait_for(late, 5.0)
+        finally:
+            client.close()
+            await lane.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30.0))
