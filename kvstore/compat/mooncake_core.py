@@ -537,7 +537,11 @@ class StoreCore:
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this tenant; how many were removed (leased ones stay
         unless `force`), or a negative code."""
-        return self._admin(lambda: mooncake_admin.remove_all(self._master, self._tenant, force))
+        return self._admin(
+            lambda: mooncake_admin.remove_all(
+                self._master, self._tenant, force, client_id=self._client_id()
+            )
+        )
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Remove the keys matching `regex_pattern` (re.search); how many, or a code."""
@@ -546,8 +550,14 @@ class StoreCore:
         except (re.error, TypeError):
             return BAD
         return self._admin(
-            lambda: mooncake_admin.remove_all(self._master, self._tenant, force, pattern)
+            lambda: mooncake_admin.remove_all(
+                self._master, self._tenant, force, pattern, client_id=self._client_id()
+            )
         )
+
+    def _client_id(self) -> str:
+        client = self._client
+        return client.config.id if client is not None else ""
 
     def _admin(self, fn: Callable[[], int]) -> int:
         if self._client is None:

@@ -476,10 +476,11 @@ class MasterState:
             if refused is not None:
                 return refused
         if not there or len(there) == len(obj.replicas):
-            mine = bool(client_id) and self.writer_leases.holder(key, now) == client_id
             self._drop(obj)
-            if mine:
-                self.writer_leases.released(key)  # the writer's own remove: no tombstone
+            # an explicit remove leaves no tombstone: the writer's own, or a forced one
+            # (which may be served stale from a cache until its lease ends, as a forced
+            # remove of a read-leased object may: kvstore.master.writerleases)
+            self.writer_leases.released(key)
             return None
         if obj.moving:  # its move's source or target may be one of them: let it settle
             return NotReadyError(f"{key!r} is moving between tiers")

@@ -16,18 +16,21 @@ would (the linearizability check in tests/ha/jepsen.py holds with it):
 - the key is not re-created under it: unlike a read lease, a writer lease does *not*
   hold the object against eviction or tier moves (a burst of puts into a full DRAM
   tier would otherwise find every recent object pinned). If the object leaves the
-  pool while its writer lease lasts, the key is kept as a tombstone until the lease
-  ends, and another client's put of that key is refused meanwhile (NotReadyError,
-  with the milliseconds left): the writer's cached read then returns the bytes it
-  wrote, the key's last value, or - if the space was reused - fails its checksum
-  and falls back to a lookup. A move to another tier keeps the object and its bytes;
-  the old range is freed and, if reused, caught by the checksum the same way.
+  pool otherwise than by an explicit remove (eviction, its node lost) while its
+  writer lease lasts, the key is kept as a tombstone until the lease ends, and
+  another client's put of that key is refused meanwhile (NotReadyError, with the
+  milliseconds left): the writer's cached read then returns the bytes it wrote, the
+  key's last value, or - if the space was reused - fails its checksum and falls back
+  to a lookup. A move to another tier keeps the object and its bytes; the old range
+  is freed and, if reused, caught by the checksum the same way.
 
-A forced remove (admin) may be served stale from a writer's cache until the lease
-ends, as it may from a reader's; a new leader (kvstore.master.ha.hold_restored) and
-a restarted master hold every restored object for the longest lease, which covers
-writer leases too. Secured masters grant none (a cached read would need a READ
-capability the commit does not mint).
+A forced remove (admin, `remove_all`, the facade's upsert) leaves no tombstone: the
+key may be put again at once, and until the writer lease ends the writer's cache may
+serve the removed value (never torn or foreign bytes: the checksum), as a reader's
+cache may after a forced remove of a read-leased object. A new leader
+(kvstore.master.ha.hold_restored) and a restarted master hold every restored object
+for the longest lease, which covers writer leases too. Secured masters grant none (a
+cached read would need a READ capability the commit does not mint).
 
 Cost: a dict entry per key committed in the last `writer_lease_ttl_s` (swept in
 order of expiry), a dict probe per dropped object, and none on the put path unless

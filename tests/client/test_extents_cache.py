@@ -133,10 +133,22 @@ def test_a_writer_reads_its_puts_back_under_its_writer_lease(pool: Cluster) -> N
         with pytest.raises(NotFoundError):  # the cached read fails its check: looked up
             w.get("wl-forced")
         assert w._ctx.locations.stale == 1
-        with pytest.raises(NotReadyError, match="retry in"):  # dropped under the lease
-            other.put("wl-forced", b"c" * 3000)
-        w.put("wl-forced", b"d" * 3000)  # its writer may put it again
-        assert other.get("wl-forced") == b"d" * 3000
+        other.put("wl-forced", b"c" * 3000)  # an explicit remove leaves no tombstone
+        assert other.remove("wl-forced")
+        w.put("wl-evicted", b"e" * 3000)
+        for i in range(40):  # 40 MiB into a 32 MiB pool: the oldest objects are evicted
+            other.put(f"wl-fill{i}", bytes([i]) * (1 << 20))
+        assert not other.exists("wl-evicted")
+        with pytest.raises(NotReadyError, match="retry in"):  # dropped under the lease:
+            other.put("wl-evicted", b"f" * 3000)  # a tombstone while its writer may read
+        try:  # its writer reads what it wrote, or (space reused) a lookup: never other bytes
+            assert w.get("wl-evicted") == b"e" * 3000
+        except NotFoundError:
+            assert w._ctx.locations.stale == 2
+        w.put("wl-evicted", b"g" * 3000)  # its writer may put it again
+        assert other.get("wl-evicted") == b"g" * 3000
+        for key in ("wl-evicted", *(f"wl-fill{i}" for i in range(40))):
+            other.remove(key, force=True)
 
 
 def test_writer_killed_before_its_commit_leaves_nothing(pool: Cluster) -> None:
