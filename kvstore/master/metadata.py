@@ -495,7 +495,7 @@ class MasterState:
         dead = self.expire_nodes()
         reclaimed = self.reclaim_stale_puts()
         self.extents.expire(self.clock())
-        self.writer_leases.sweep(self.clock())
+        self.writer_leases.sweep(self.clock(), tombs=True)
         self.tiering.drop_deferred()
         evicted = self.evict_to_watermark()
         return dead, reclaimed, evicted

@@ -69,15 +69,16 @@ class WriterLeases:
             order.append((until, key))
             self._tombs.pop(key, None)  # the writer re-created its own key
 
-    def sweep(self, now: float) -> None:
-        """Forget leases and tombstones that ended."""
+    def sweep(self, now: float, tombs: bool = False) -> None:
+        """Forget leases that ended (amortized O(1) per grant) and, with `tombs` (the
+        master's tick), tombstones that ended (a put that meets one drops it too)."""
         order, live = self._order, self._live
         while order and order[0][0] <= now:
             _, key = order.popleft()
             held = live.get(key)
             if held is not None and held[1] <= now:
                 del live[key]
-        if self._tombs:
+        if tombs and self._tombs:
             self._tombs = {k: v for k, v in self._tombs.items() if v[1] > now}
 
     def holder(self, key: str, now: float) -> str | None:
