@@ -63,6 +63,32 @@ def test_key_index_survives_hash_collisions(monkeypatch: pytest.MonkeyPatch) -> 
     assert all(ki.find(k) == i for k, i in live.items())
 
 
+def test_key_index_rebuild_wraps_past_the_last_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys whose home is the table's last slots: a rebuild's sorted placement runs past
+    the end and the rest probe on from slot 0; every key is still found."""
+    monkeypatch.setattr(keyindex, "_hash", lambda key: -1 - len(key) % 4)
+    ki = KeyIndex()
+    live = _churn(ki, random.Random(5), 60)
+    held = ki._table[ki._table >= 0]
+    assert (ki._table[: min(len(held), 8)] >= 0).all(), "no key wrapped to slot 0"
+    assert all(ki.find(k) == i for k, i in live.items())
+
+
+def test_key_index_rebuild_places_as_probing_would() -> None:
+    """A rebuild's sorted placement: each key at or after its home, no empty slot between."""
+    ki = KeyIndex()
+    n = 5000
+    keys = [f"{i:032x}" for i in range(n)]
+    ki.reserve_ids(n)
+    ki.insert_many(np.arange(n), keys)  # past 768 keys: rebuilt more than once
+    mask = ki._slots - 1
+    for slot in np.nonzero(ki._table >= 0)[0].tolist():
+        home = int(ki.hash[ki._table[slot]]) & mask
+        walk = [(home + d) & mask for d in range(((slot - home) & mask) + 1)]
+        assert all(ki._table[j] >= 0 for j in walk), f"a gap before slot {slot}"
+    ki.check_integrity(np.arange(n))
+
+
 def test_key_index_arena_compacts_and_table_grows() -> None:
     ki = KeyIndex()
     n = 60_000
