@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 
 import grpc
+import numpy as np
 
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import BadRequestError, KVStoreError
@@ -26,7 +27,7 @@ from kvstore.master.tiering import Move, MoveResult
 from kvstore.rpc_errors import error_for, translate
 from kvstore.security import capabilities
 from kvstore.security import config as security_config
-from kvstore.types import Location, ObjectKey, Tier
+from kvstore.types import MAX_KEY_BYTES, Location, ObjectKey, Tier
 from kvstore.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 Ctx = grpc.aio.ServicerContext
@@ -123,7 +124,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         if not request.client_id:
             raise BadRequestError("client_id must not be empty")
         prepared = PREPARED.get()  # the guard's reading of this request, if it checked it
-        cols = prepared[1] if prepared and prepared[0] is request else put_columns(request.items)
+        cols = prepared[1] if prepared and prepared[0] is request else put_request_columns(request)
         res = self.state.put_start_columns(request.client_id, request.client_node, cols)
         self.broker.wake()  # placement may have pushed a tier past its watermark
         # Secured: WRITE capabilities until the put times out (the range may be reclaimed)
@@ -368,6 +369,56 @@ def _parse_item(pb: master_pb2.PutStartItem) -> PutItem | KVStoreError:
         return exc
     except ValueError as exc:  # Tier() of an unknown value
         return BadRequestError(f"key {pb.key!r}: {exc}")
+
+
+def put_request_columns(request: master_pb2.PutStartRequest) -> PutColumns:
+    """`put_columns` of a request's items, reading only key and size of each item when no
+    item sets another field (the usual put: ~0.25 us an item instead of ~0.7). Whether
+    one does is read off the request's size: every field present beyond key and size
+    adds bytes to its encoding, so an encoding exactly as long as key and size alone
+    need has none (ByteSize is one C pass, ~17 us for 1,000 items)."""
+    pbs = request.items
+    n = len(pbs)
+    if n <= 16:
+        return put_columns(pbs)
+    keys = [it.key for it in pbs]
+    sizes = [it.size for it in pbs]
+    chars = np.fromiter(map(len, keys), np.int64, n)
+    klen = chars
+    if not "".join(keys).isascii():
+        klen = np.fromiter((len(k.encode()) for k in keys), np.int64, n)
+    size = np.fromiter(sizes, np.uint64, n)
+    if not klen.all() or not size.all() or size.max() >= 1 << 63:  # odd: the long way
+        return put_columns(pbs)
+    body = 2 + klen + _varint_bytes(klen.astype(np.uint64)) + _varint_bytes(size)
+    items = int((1 + _varint_bytes(body.astype(np.uint64)) + body).sum())
+    head = sum(1 + _varint_len(len(b)) + len(b) for b in _strings(request) if b)
+    if request.ByteSize() != head + items:
+        return put_columns(pbs)
+    cols = PutColumns(keys, sizes, [1] * n, [""] * n, [""] * n, [-1] * n, [0.0] * n)
+    # PutColumns.suspects of these columns: sizes > 0, one replica, no pin or tier, no
+    # empty key; only a key that may be too long is left
+    for i in np.nonzero(chars * 4 > MAX_KEY_BYTES)[0].tolist():
+        parsed = _parse_item(pbs[i])
+        if isinstance(parsed, KVStoreError):
+            cols.errors[i] = parsed
+    return cols
+
+
+def _strings(request: master_pb2.PutStartRequest) -> tuple[bytes, bytes]:
+    return request.client_id.encode(), request.client_node.encode()
+
+
+def _varint_len(x: int) -> int:
+    return max(1, (x.bit_length() + 6) // 7)
+
+
+def _varint_bytes(x: np.ndarray) -> np.ndarray:
+    """The length of each uint64's varint encoding (1-10 bytes)."""
+    out = np.ones(len(x), np.int64)
+    for bits in range(7, 64, 7):
+        out += x >= np.uint64(1 << bits)
+    return out
 
 
 def put_columns(pbs: Sequence[master_pb2.PutStartItem]) -> PutColumns:

@@ -20,7 +20,7 @@ import grpc
 
 from kvstore.errors import KVStoreError
 from kvstore.master.batch import PREPARED
-from kvstore.master.service import put_columns
+from kvstore.master.service import put_request_columns
 from kvstore.rpc_errors import status_for
 from kvstore.security import identity
 from kvstore.security.authz import Answer, Call, Post, authorize
@@ -84,7 +84,7 @@ class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         keys = list(request.keys) if name in _KEYED else None  # built once, checked twice
         items = None
         if name == "PutStart":  # the servicer's own columns, read once for both (PREPARED)
-            cols = put_columns(request.items)
+            cols = put_request_columns(request)
             PREPARED.set((request, cols))
             items = Items.of_put(cols)
         elif name == "CommitExtent":

@@ -168,3 +168,47 @@ def test_uniform_batches_match_upb(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got.results[9].status.code != 0
     for key, r in zip([*keys[:9], *keys[9:]], [*got.results[:9], *got.results[10:]], strict=True):
         assert r.SerializeToString() == _want_lookup(state, key), key
+
+
+def _columns(cols: object) -> tuple[object, ...]:
+    names = ("keys", "sizes", "replicas", "preferred", "groups", "tiers", "pin_ttls")
+    errors = {i: (type(e), str(e)) for i, e in cols.errors.items()}  # type: ignore[attr-defined]
+    return (*(getattr(cols, n) for n in names), errors)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_put_request_columns_match_put_columns(seed: int) -> None:
+    """The key-and-size-only fast path reads every request as put_columns does: items with
+    any other field set (even to a value proto3 would not encode as default: an explicit
+    tier 0), non-ASCII, empty or oversized keys, sizes of every varint length."""
+    import random
+
+    from kvstore.master.service import put_columns, put_request_columns
+
+    rng = random.Random(seed)
+    req = master_pb2.PutStartRequest(client_id="c" * rng.randint(0, 200), client_node="n")
+    odd = rng.random() < 0.5  # half the requests: one item with one more field or odd value
+    for i in range(rng.choice([17, 64, 300])):
+        key = f"{seed}-{i}-" + "k" * rng.choice([0, 5, 120, 300])
+        req.items.add(key=key, size=rng.choice([1, 127, 128, 1 << 14, 1 << 35, 1 << 62]))
+    if odd:
+        it = req.items[rng.randrange(len(req.items))]
+        change = rng.choice(["replicas", "node", "group", "tier", "pin", "key", "size", "utf8"])
+        if change == "replicas":
+            it.replicas = rng.choice([1, 2, 17])
+        elif change == "node":
+            it.preferred_node = "n2"
+        elif change == "group":
+            it.group = "g"
+        elif change == "tier":
+            it.tier = rng.choice([0, 1, 7])
+        elif change == "pin":
+            it.pin_ttl_ms = 1500
+        elif change == "key":
+            it.key = rng.choice(["", "x" * 5000, "a\x00b"])
+        elif change == "size":
+            it.size = 0
+        else:
+            it.key = "ключ-é-" + it.key
+    req = master_pb2.PutStartRequest.FromString(req.SerializeToString())
+    assert _columns(put_request_columns(req)) == _columns(put_columns(req.items))
