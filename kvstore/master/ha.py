@@ -38,7 +38,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import numpy as np
 
 from kvstore import edge
 from kvstore.errors import KVStoreError, NotLeaderError, UnavailableError
@@ -363,9 +362,10 @@ class HAMaster:
             reply = await behavior(request, context)
         else:  # as a single master's interceptor: limits, authz, quotas (a refusal aborts)
             reply = await guard.call(method, behavior, request, context)
-        if method == "BatchLookup" and reply.lease_ttl_ms > self.granted_lease_s * 1000:
+        granted = _lease_granted(method, reply)
+        if granted > self.granted_lease_s * 1000:
             # durable before the lease is answered, so a successor honours it
-            self.granted_lease_s = reply.lease_ttl_ms / 1000
+            self.granted_lease_s = granted / 1000
             journal.save_lease_horizon(self.granted_lease_s)
         wrote = journal.seq > before
         if wrote or (method in READS and journal.durable < journal.seq):
@@ -512,15 +512,22 @@ class HAMaster:
             await asyncio.wait_for(self.coord.revoke(lease), self.ha.rpc_timeout_s)
 
 
+def _lease_granted(method: str, reply: Any) -> int:
+    """Milliseconds of read lease a reply grants: a lookup's, or a commit's writer lease
+    (kvstore.master.writerleases), which a successor must honour the same way."""
+    if method == "BatchLookup":
+        return int(reply.lease_ttl_ms)
+    if method == "CommitExtent":
+        return int(reply.read_lease_ms)
+    return 0
+
+
 def hold_restored(state: MasterState, lease_s: float) -> None:
     """Lease every restored object for `lease_s` from now: the read leases of the last
     leader died with it, and a reader may still use what one of them let it cache
     (kvstore.client.locations); it began before this term, so it ends within `lease_s`
     of now. Until then removes are refused (NotReadyError) and eviction skips them."""
-    if lease_s <= 0:
-        return
-    rows, lease = state.objects.live_ids(), state.objects.col["lease"]
-    lease[rows] = np.maximum(lease[rows], state.clock() + lease_s)  # one pass, no per-row Python
+    state.hold_all(lease_s)
 
 
 async def connect_with_backoff(coord: Coordinator, ha: HAConfig) -> None:

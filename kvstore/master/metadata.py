@@ -683,6 +683,15 @@ class MasterState:
             seg.allocator.check_integrity(ranges[k])  # ranges + free ranges tile the segment
         self.tiering.check_integrity()
 
+    def hold_all(self, lease_s: float) -> None:
+        """Lease every live object for `lease_s` from now (a restarted or new master:
+        readers and writers may still use what the last one let them cache, for at
+        most that long). Until then removes are refused and eviction skips them."""
+        if lease_s <= 0:
+            return
+        rows, lease = self.objects.live_ids(), self.objects.col["lease"]
+        lease[rows] = np.maximum(lease[rows], self.clock() + lease_s)  # one pass
+
     def restore(self) -> int:
         """Reload nodes, segments and committed objects from the journal; objects loaded.
 

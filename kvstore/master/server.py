@@ -70,6 +70,11 @@ async def serve(config: MasterConfig, metrics_listen: str | None = None) -> Mast
     try:
         state = MasterState(config, journal=journal)
         restored = state.restore()
+        # Clients may still read what the last process let them cache (read leases of
+        # the default length, writer leases): hold the restored objects that long. A
+        # longer lease a client asked for is not recorded by a single master's journal
+        # (HA masters record the longest one granted: kvstore.master.ha).
+        state.hold_all(max(config.default_lease_ttl_s, config.writer_lease_ttl_s))
         epoch = uuid.uuid4().hex
         servicer = MasterServicer(state, epoch)
         servicer.guard = guard = MasterGuard(state)  # limits, authz, quotas (kvstore.security)

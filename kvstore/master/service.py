@@ -280,6 +280,10 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         reply.fast_lane = self.fast_lane
         reply.extents = len(self.state.extents.live)
         reply.extent_bytes = self.state.extents.reserved_bytes()
+        wl = self.state.writer_leases
+        wl.sweep(self.state.clock())
+        reply.writer_leases = len(wl)
+        reply.writer_lease_refusals = wl.refused_puts + wl.refused_removes
         reply.fenced_nodes = len(self.state.registry.fenced)
         return reply
 

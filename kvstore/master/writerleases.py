@@ -28,8 +28,9 @@ A forced remove (admin, `remove_all`, the facade's upsert) leaves no tombstone: 
 key may be put again at once, and until the writer lease ends the writer's cache may
 serve the removed value (never torn or foreign bytes: the checksum), as a reader's
 cache may after a forced remove of a read-leased object. A new leader
-(kvstore.master.ha.hold_restored) and a restarted master hold every restored object
-for the longest lease, which covers writer leases too. Secured masters grant none (a
+(kvstore.master.ha.hold_restored: the longest lookup or writer lease granted) and a
+restarted single master (its default lease or writer lease, the longer) hold every
+restored object that long. Secured masters grant none (a
 cached read would need a READ capability the commit does not mint).
 
 Cost: a dict entry per key committed in the last `writer_lease_ttl_s` (swept in

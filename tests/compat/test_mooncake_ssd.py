@@ -73,6 +73,10 @@ def test_overflow_lands_on_local_disk_reads_back_and_is_promoted(
         keys = list(ref)
         # the master's offloads run on the store's node: wait until none is in flight
         _wait(lambda: cluster.stats().moves_in_flight == 0)
+        # and until the writer's leases on what it put ended: until then a get may be
+        # served from where the put wrote it (kvstore.master.writerleases), which the
+        # master neither counts as a read of the disk copy nor towards promotion
+        _wait(lambda: cluster.stats().writer_leases == 0)
         types = _types(s, keys)
         assert all(types.values()), types  # every key is MEMORY or LOCAL_DISK, none lost
         cold = [k for k, t in types.items() if t == {"LOCAL_DISK"}]

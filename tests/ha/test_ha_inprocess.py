@@ -171,8 +171,10 @@ def test_a_new_leader_honours_the_read_leases_of_the_last(masters: Any) -> None:
     old = wait_leader(ms)
     addresses = ",".join(m.address for m in ms)
     opts: dict[str, Any] = {"segment_bytes": 4 << 20, "failover_timeout_s": 10}
-    with Client(addresses, lease_ttl_s=1.5, **opts) as reader, Client(addresses, **opts) as other:
-        reader.put("k", b"v" * 100)
+    # the writer asks for no writer lease (it caches nothing): only the read lease counts
+    writer: dict[str, Any] = {**opts, "location_cache_entries": 0}
+    with Client(addresses, lease_ttl_s=1.5, **opts) as reader, Client(addresses, **writer) as other:
+        other.put("k", b"v" * 100)  # (a writer would read its own put from its writer lease)
         assert reader.get("k") == b"v" * 100  # a leased lookup: 1.5 s, and cached
         assert old.granted_lease_s == 1.5
         old.coord.cut = True
@@ -203,8 +205,9 @@ def test_a_shared_lease_blocks_a_remover_the_new_leader_never_saw(masters: Any) 
     old = wait_leader(ms)
     addresses = ",".join(m.address for m in ms)
     opts: dict[str, Any] = {"segment_bytes": 4 << 20, "failover_timeout_s": 10}
-    with Client(addresses, lease_ttl_s=2.0, **opts) as reader, Client(addresses, **opts) as other:
-        reader.put("k", b"v" * 100)
+    writer: dict[str, Any] = {**opts, "location_cache_entries": 0}  # see the test above
+    with Client(addresses, lease_ttl_s=2.0, **opts) as reader, Client(addresses, **writer) as other:
+        other.put("k", b"v" * 100)  # not the reader: see the test above
         assert reader.get("k") == b"v" * 100  # a 2 s lease, cached for 1.6 s
         cached_until = time.monotonic() + 2.0 * 0.8
         lt.call(old.stop())  # a clean handover: the next leader within a poll
@@ -228,7 +231,10 @@ def test_a_write_cut_off_mid_commit_is_of_unknown_outcome_not_retried(masters: A
     _, ms, _ = masters
     old = wait_leader(ms)
     addresses = ",".join(m.address for m in ms)
-    with Client(addresses, segment_bytes=4 << 20, failover_timeout_s=10) as c:
+    # no location cache: no writer lease, which the next leader would hold "k" for
+    with Client(
+        addresses, segment_bytes=4 << 20, failover_timeout_s=10, location_cache_entries=0
+    ) as c:
         c.put("k", b"v" * 100)
         old.coord.cut = True  # the leader alone loses etcd: its commit cannot land
         with pytest.raises(UnavailableError, match="outcome unknown: Remove ran"):
