@@ -9,7 +9,8 @@ timed; p50 and p99 per size and op. Mooncake processes bind 127.0.0.1
 (MC_TCP_BIND_ADDRESS). Ratios are kvstore / Mooncake p50 (target <= 0.7 at 64 KiB and
 1 MiB).
 
-    python bench/latency.py [--ops 200] [--sizes-kib 4,64,1024,16384] [--json]
+    python bench/latency.py [--ops 200] [--sizes-kib 4,64,1024,16384] [--repeat 3]
+                            [--json] [--save bench/results/latency.json]
 """
 
 from __future__ import annotations
@@ -85,32 +86,58 @@ def measure(module: str, master: str, size: int, ops: int, env: dict[str, str]) 
         store.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", type=int, default=200)
-    p.add_argument("--sizes-kib", default="4,64,1024,16384")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    sizes = [int(s) << 10 for s in args.sizes_kib.split(",")]
+def one_run(sizes: list[int], ops: int, tmp: Path) -> list[dict[str, Any]]:
+    """Every store at every size, sizes interleaved (Mooncake then kvstore per size, so
+    a slow spell of the host falls on both), with ratios to Mooncake's p50."""
     rows = []
-    with tempfile.TemporaryDirectory(prefix="kvs-lat-") as tmp:
+    for size in sizes:
+        base: dict[str, Any] = {}
         for label, module, extra in stores():
             if label == "kvstore-tcp":
                 continue  # the default transport only (shm on one host)
             pool = mooncake_pool if label == "mooncake" else kvstore_pool
-            for size in sizes:
-                segment = size * (args.ops + 5) * 5 // 4 + 64 * MiB
-                with pool(segment, True, Path(tmp) / f"{label}.log") as master:
-                    row = measure(module, master, size, args.ops, extra)
-                rows.append({"store": label, "size": size, **row})
-    base = {(r["size"]): r for r in rows if r["store"] == "mooncake"}
-    for r in rows:
-        mc = base.get(r["size"])
-        if mc is not None and r["store"] != "mooncake":
-            r["put_p50_x_mc"] = r["put_p50_us"] / mc["put_p50_us"]
-            r["get_p50_x_mc"] = r["get_p50_us"] / mc["get_p50_us"]
+            segment = size * (ops + 5) * 5 // 4 + 64 * MiB
+            with pool(segment, True, tmp / f"{label}.log") as master:
+                row = {"store": label, "size": size, **measure(module, master, size, ops, extra)}
+            if label == "mooncake":
+                base = row
+            elif base:
+                row["put_p50_x_mc"] = row["put_p50_us"] / base["put_p50_us"]
+                row["get_p50_x_mc"] = row["get_p50_us"] / base["get_p50_us"]
+            rows.append(row)
+    return rows
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row: numbers are medians over the runs."""
+    out = dict(rows[0])
+    for k, v in rows[0].items():
+        if isinstance(v, float | int) and k != "size":
+            out[k] = statistics.median(r[k] for r in rows)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", type=int, default=200)
+    p.add_argument("--sizes-kib", default="4,64,1024,16384")
+    p.add_argument("--repeat", type=int, default=1, help="runs; the table shows medians")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    sizes = [int(s) << 10 for s in args.sizes_kib.split(",")]
+    runs: list[list[dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="kvs-lat-") as tmp:
+        for _ in range(args.repeat):
+            runs.append(one_run(sizes, args.ops, Path(tmp)))
+    rows = [_median_row([run[i] for run in runs]) for i in range(len(runs[0]))]
+    out = {"bench": "latency", "ops": args.ops, "repeat": args.repeat,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "load": os.getloadavg()[0], "rows": rows, "runs": runs}  # fmt: skip
+    if args.save:
+        Path(args.save).write_text(json.dumps(out, indent=1) + "\n")
     if args.json:
-        print(json.dumps({"bench": "latency", "ops": args.ops, "rows": rows}))
+        print(json.dumps(out))
         return 0
     print(f"single-object latency, {args.ops} ops, zero-copy API, segment in another process")
     print(f"{'size':>8} {'store':<9} {'put p50':>8} {'p99':>8} {'get p50':>8} {'p99':>8} "
