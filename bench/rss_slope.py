@@ -1,32 +1,29 @@
 """The soak's verdict on memory growth: a process's RSS slope after its warm-up.
 
-A short run (bench/soak.py --ci: 3 minutes) cannot use a least-squares line through
-every RSS sample: a healthy process's RSS is a sawtooth (a garbage collector's or an
-allocator's cycle, a burst of requests' threads and buffers every 30 s, a Go runtime's
-GC) and its start-up fills caches for tens of seconds, and over a 2-minute window
-either moves the line by as much as the 1 MiB/min target. What is measured instead:
+A least-squares line through a short run's RSS samples (bench/soak.py --ci: 3 minutes)
+is moved by what is not growth: a healthy process's RSS is a sawtooth (a garbage
+collector's or an allocator's cycle, a Go runtime's GC: etcd's RSS swings +-1.5 MiB
+every few seconds), a burst of requests every 30 s raises it for a few seconds, and
+one sample far out (a drop when a cache is freed, a spike) weighs on the line as the
+square of its distance. What is measured instead:
 
 1. the warm-up is the first third of the run (`WARMUP_FRACTION`): 60 s of a 3-minute
-   run, 600 s of a 30-minute one; nothing before it is fitted;
-2. over the rest, the lower envelope: at each sample, the lowest sample of the window
-   of a quarter of that span starting there (`WINDOW_FRACTION`: 30 s of a 3-minute
-   run, one burst period; 300 s of a 30-minute one), i.e. what the process holds
-   between two collections or bursts; a transient peak, however tall, does not count,
-   and a sawtooth shorter than the window is flat;
-3. the slope is the Theil-Sen estimate through that envelope: the median of the slopes
-   between every pair of its points, so a stretch out of line (a drop when a cache is
-   freed) moves it little.
+   run, 600 s of a 30-minute one; nothing before it is fitted (start-up fills the
+   processes' caches, etcd's raft log and the allocators' arenas for 40-60 s);
+2. the slope is the Theil-Sen estimate through every sample after it: the median of
+   the slopes between every pair of samples, in MiB/min. Samples out of line (spikes
+   of a burst, dips of a collection) move a median little, up to ~29% of them.
 
-Why it still catches a leak: a leak raises the troughs as much as the peaks, at its own
-rate, so the envelope is the leak's line and the median pairwise slope of a line is its
-slope. A +3 MiB/min leak under a 3 MiB sawtooth and 2.5 MiB bursts reads +3
-(tests/bench_smoke/test_rss_slope.py, on synthetic series and on real processes). What
-it gives up: a leak that only shows in the peaks (memory never freed between bursts
-raises the troughs too, so none that lasts) and growth that stops before the warm-up
-ends (a cache filling to its bound, which is not a leak). What it does not forgive: a
-lasting step, e.g. an allocator keeping a new high water of 1.5 MiB in the middle of a
-2-minute window, reads about +1 MiB/min: a process must reach its plateau within the
-warm-up.
+Why it still catches a leak: a leak raises RSS at its own rate all through the window,
+so most pairs of samples have about its slope and the median is it: a +3 MiB/min leak
+under a 3 MiB sawtooth and 2.5 MiB bursts reads +2.9 to +3.1, +8 reads +7.9 to +8.1
+(tests/bench_smoke/test_rss_slope.py, on synthetic series and on real processes).
+What it forgives: growth that ends before the warm-up (a cache filling to its bound),
+and a lone step (an allocator keeping a new high water of ~1 MiB once in the window
+reads ~0.5-0.8 MiB/min: the pairs on either side of the step are flat). What it can
+miss: a leak in a window where the process also frees a lasting block (a drop of
+6 MiB halfway through a +3 MiB/min leak reads below 0): the curves are kept in the
+soak's JSON, and the 30-minute run fits ten times as much.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 WARMUP_FRACTION = 1 / 3
-WINDOW_FRACTION = 1 / 4  # of the fitted span
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
@@ -66,39 +62,20 @@ def least_squares_mib_per_min(points: Sequence[tuple[float, float]]) -> float:
     return 60 * sum((t - mx) * (v - my) for t, v in points) / var if var else 0.0
 
 
-def lower_envelope(
-    points: Sequence[tuple[float, float]], start: float, end: float, width: float
-) -> list[tuple[float, float]]:
-    """For each sample at t in [start, end - width]: (t + width / 2, the lowest value of
-    the samples in [t, t + width])."""
-    inside = sorted((t, v) for t, v in points if start <= t <= end)
-    out = []
-    for i, (t, _) in enumerate(inside):
-        if t > end - width:
-            break
-        low = min(v for u, v in inside[i:] if u <= t + width)
-        out.append((t + width / 2, low))
-    return out
-
-
-def theil_sen_mib_per_min(points: Sequence[tuple[float, float]], min_dt: float = 0.0) -> float:
-    """The median of the slopes between every pair of (seconds, MiB) points at least
-    `min_dt` apart (and not at the same time), in MiB per minute; 0 without a pair."""
+def theil_sen_mib_per_min(points: Sequence[tuple[float, float]]) -> float:
+    """The median of the slopes between every pair of (seconds, MiB) points (not at the
+    same time), in MiB per minute; 0 without a pair."""
     slopes = [
         (v2 - v1) / (t2 - t1)
         for i, (t1, v1) in enumerate(points)
         for t2, v2 in points[i + 1 :]
-        if abs(t2 - t1) >= min_dt and t2 != t1
+        if t2 != t1
     ]
     return 60 * statistics.median(slopes) if slopes else 0.0
 
 
 def rss_slope_mib_per_min(points: Sequence[tuple[float, float]], seconds: float) -> float:
     """The soak's slope of one process's (seconds since start, MiB) samples over a run
-    of `seconds`: Theil-Sen through the lower envelope after the warm-up (module doc)."""
+    of `seconds`: Theil-Sen through the samples after the warm-up (module doc)."""
     start = warmup_s(seconds)
-    width = (seconds - start) * WINDOW_FRACTION
-    # only pairs a window apart: the envelope is a staircase (one trough stays the
-    # window's lowest until it leaves it), and the pairs on one stair, slope 0, would
-    # pull the median of a leak's slopes towards 0
-    return theil_sen_mib_per_min(lower_envelope(points, start, seconds, width), min_dt=width)
+    return theil_sen_mib_per_min([(t, v) for t, v in points if t >= start])

@@ -1,4 +1,5 @@
-"""bench/failover.py and bench/soak.py end to end at a tiny size (real etcd, processes)."""
+"""bench/failover.py end to end at a tiny size, bench/soak.py's 3-minute run with its
+targets (real etcd, processes)."""
 
 from __future__ import annotations
 
@@ -36,26 +37,31 @@ def test_failover_bench_one_trial(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["trials"] == 1
 
 
-def test_soak_short(tmp_path: Path) -> None:
-    """30 s at 3 clients: the soak's asserts but its slopes' (a 3-minute run cannot judge
-    < 1 MiB/min either: docs/reliability.md, "bench/soak.py"; the 30-minute run does)."""
+@pytest.mark.timeout(480)
+def test_soak_3_minutes(tmp_path: Path) -> None:
+    """bench/soak.py --ci (8 clients and the serving workload, 180 s) with every target of
+    issue 11 asserted: each process's RSS slope after the warm-up (the first minute) <
+    1 MiB/min (Theil-Sen, bench/rss_slope.py; a master that took over after it, and
+    etcd then, are not judged), 0 integrity failures, every rejection with a hint, no
+    untyped error, no process died."""
     out = tmp_path / "soak.json"
-    r = _bench("bench/soak.py", "--seconds", "30", "--clients", "3", "--sample-s", "2",
-               "--out", str(out), timeout_s=300)  # fmt: skip
+    r = _bench("bench/soak.py", "--ci", "--out", str(out), timeout_s=450)
     assert r["integrity_failures"] == 0 and r["untyped_errors"] == 0
-    assert r["ops"]["put"] > 50 and r["verified"] > 0
-    assert set(r["rss_slope_mib_per_min"]) >= {"master0", "master1", "master2", "etcd"}
-    # the serving workload (on by default): one burst at 15 s, rejected in part with hints
+    assert r["ops"]["put"] > 5000 and r["verified"] > 1000
+    assert r["evicted"] == r["evictions"]  # every key missing at the end was evicted
     s = r["serving"]
     assert s["enabled"] and s["requests_ok"] > 0 and s["requests_failed"] == 0
     assert s["untyped_errors"] == 0 and s["token_mismatches"] == 0 and s["given_up"] == 0
-    assert s["bursts"] == 1 and s["rejections"] > 0
-    assert s["rejections_with_hint"] == s["rejections"]
+    assert s["bursts"] == 6 and s["rejections"] > 0
+    assert s["rejections_with_hint"] == s["rejections"] and s["hint_metadata_mismatch"] == 0
     assert r["processes_died"] == []
-    assert {"prefill", "decode", "conductor"} <= set(r["rss_slope_mib_per_min"])
-    # the warm-up is the first quarter; the file holds the curves behind the slopes
-    assert r["warmup_s"] == 7.5 and set(r["rss_anon_slope_mib_per_min"]) == set(
-        r["rss_slope_mib_per_min"]
-    )
+    slopes = r["rss_slope_mib_per_min"]
+    names = {"master0", "master1", "master2", "n0", "n1", "n2", "etcd", "prefill", "decode"}
+    assert names | {"conductor", "clients"} <= set(slopes)
+    assert r["warmup_s"] == 60.0 and r["target_slope_mib_per_min"] == 1.0
+    judged = {k: v for k, v in slopes.items() if k not in r["rss_slope_not_judged"]}
+    assert {"clients", "conductor", "prefill", "decode", "n0", "n1", "n2"} <= set(judged)
+    assert max(judged.values()) < 1.0, (slopes, r["rss_slope_not_judged"])
+    assert r["met"], r
     curves = json.loads(out.read_text())["rss_samples"]
-    assert all(len(c) >= 10 and len(c[0]) == 3 for c in curves.values()), curves
+    assert all(len(c) >= 60 and len(c[0]) == 3 for c in curves.values()), curves
