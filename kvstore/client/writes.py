@@ -58,6 +58,13 @@ def _start_request(
     return master_pb2.PutStartRequest(client_id=ctx.config.id, client_node=ctx.node_id, items=items)
 
 
+def _writer_lease_ask(ctx: OpContext) -> int:
+    """Milliseconds of writer lease a commit asks for (kvstore.master.writerleases): a
+    get of the keys then reads them from where they were written with no lookup. Only
+    where cached reads are checked (the cache is off without checksums)."""
+    return int(ctx.config.location_cache_ttl_s * 1000) if ctx.locations.capacity else 0
+
+
 def put_op(
     ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions
 ) -> Op[list[KVStoreError | None]]:
@@ -117,12 +124,18 @@ def _started_put_op(
         raise
     ok = [i for i in started if results[i] is None]
     if ok:
-        request = master_pb2.PutEndRequest(client_id=ctx.config.id, keys=[keys[i] for i in ok])
+        request = master_pb2.PutEndRequest(client_id=ctx.config.id, keys=[keys[i] for i in ok],
+                                           read_lease_ms=_writer_lease_ask(ctx))  # fmt: skip
         if ctx.config.checksums:  # readers verify it; SSD replicas are indexed with it
             request.checksums.extend([sums.get(i) or checksum_of(views[i]) for i in ok])
         end = yield Rpc("PutEnd", request)
-        for i, status in zip(ok, end.results, strict=True):
-            results[i] = error_for(status.code, status.message)
+        lease_s = end.read_lease_ms / 1000
+        for j, (i, status) in enumerate(zip(ok, end.results, strict=True)):
+            results[i] = err = error_for(status.code, status.message)
+            if err is None and lease_s > 0:
+                locs = [replace(loc, capability=b"") for loc in started[i]]
+                sums_i = request.checksums[j]
+                ctx.locations.put(keys[i], views[i].nbytes, sums_i, locs, lease_s)
     written = set(ok)
     failed = [keys[i] for i in started if i not in written]
     if failed and settled:
@@ -306,12 +319,10 @@ def _write_in_extent(
         )
         for i in ok
     ]
-    # A writer lease (kvstore.master.writerleases) lets a get of these keys read them
-    # from where they were written with no lookup; asked for only where cached reads are
-    # checked (the cache is off without checksums).
-    ask = int(ctx.config.location_cache_ttl_s * 1000) if ctx.locations.capacity else 0
-    request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
-                                             items=items, read_lease_ms=ask)  # fmt: skip
+    request = master_pb2.CommitExtentRequest(
+        client_id=ctx.config.id, extent_id=extent_id, items=items,
+        read_lease_ms=_writer_lease_ask(ctx),
+    )  # fmt: skip
     sent = time.monotonic()
     try:
         reply = yield Rpc("CommitExtent", request)

@@ -517,7 +517,7 @@ def _lease_granted(method: str, reply: Any) -> int:
     (kvstore.master.writerleases), which a successor must honour the same way."""
     if method == "BatchLookup":
         return int(reply.lease_ttl_ms)
-    if method == "CommitExtent":
+    if method in ("CommitExtent", "PutEnd"):
         return int(reply.read_lease_ms)
     return 0
 

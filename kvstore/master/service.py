@@ -151,7 +151,18 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             )
             for i, err in zip(waits, errors, strict=True):
                 res[i] = err
-        return master_pb2.PutEndResponse.FromString(wire.statuses_payload(res))
+        reply = master_pb2.PutEndResponse.FromString(wire.statuses_payload(res))
+        lease = self._writer_lease(request.read_lease_ms)
+        if lease:  # on what committed (kvstore.master.writerleases)
+            done = (k for k, err in zip(request.keys, res, strict=True) if err is None)
+            self.state.writer_leases.grant(request.client_id, done, lease, self.state.clock())
+            reply.read_lease_ms = int(lease * 1000)
+        return reply
+
+    def _writer_lease(self, asked_ms: int) -> float:
+        """The writer lease a commit gets; none when secured (a cached read would need a
+        READ capability that a commit's reply does not mint)."""
+        return self.state.writer_leases.ttl(asked_ms) if self.caps is None else 0.0
 
     @translate
     async def PutRevoke(
@@ -242,9 +253,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         items = [
             CommitItem(it.key, it.offset, it.size, it.checksum, it.group) for it in request.items
         ]
-        # a writer lease lets the writer read its keys back with no lookup; none when
-        # secured (a cached read would need a READ capability this reply does not mint)
-        lease = self.state.writer_leases.ttl(request.read_lease_ms) if self.caps is None else 0.0
+        # a writer lease lets the writer read its keys back with no lookup
+        lease = self._writer_lease(request.read_lease_ms)
         res = self.state.commit_extent(
             request.client_id, request.extent_id, items, request.release, lease
         )

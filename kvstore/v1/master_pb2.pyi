@@ -153,20 +153,24 @@ class PutStartResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "checksums")
+    __slots__ = ("client_id", "keys", "checksums", "read_lease_ms")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     checksums: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+    read_lease_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., checksums: _Optional[_Iterable[int]] = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
 
 class PutEndResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "read_lease_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+    read_lease_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
 
 class PutRevokeRequest(_message.Message):
     __slots__ = ("client_id", "keys")

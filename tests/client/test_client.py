@@ -100,6 +100,9 @@ def test_batches_use_one_rpc_per_phase(client, fresh) -> None:
     other = [(fresh(f"r{i}"), b"r") for i in range(3)]
     assert client.run(client.ops.batch_put(other, PutOptions(replicas=2)), counting) == [None] * 3
     assert calls == ["PutStart", "PutEnd"]
+    calls.clear()  # a PutEnd grants its writer a writer lease too: read back with no call
+    assert client.run(client.ops.batch_get([k for k, _ in other]), counting) == [b"r"] * 3
+    assert calls == []
     calls.clear()  # the writer holds a writer lease on what it committed in its extent:
     got = client.run(client.ops.batch_get(keys), counting)  # read back with no lookup
     assert got == [v for _, v in items] and calls == []
