@@ -15,6 +15,7 @@ the str): the table lives in memory only. Batched calls (`find_many`,
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Sequence
 
@@ -30,17 +31,32 @@ _hash = hash  # the key hash (a module global so that tests can force collisions
 
 
 MMAP_BYTES = 1 << 20  # arrays this big are anonymous mappings (see `zeros`)
+HUGE_BYTES = 32 << 20  # mappings this big ask for transparent huge pages (see `zeros`)
+_PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 
 
 def zeros(n: int, dtype: type | np.dtype) -> np.ndarray:
     """A zero-filled array; a big one is its own anonymous mapping, so its pages are
     resident only once written and go back to the OS when it is dropped (malloc keeps
     freed big blocks in its heap once it has raised its mmap threshold: grown-and-
-    replaced arrays would stay in the RSS)."""
+    replaced arrays would stay in the RSS).
+
+    A mapping of HUGE_BYTES or more is private (a shared one is shmem, whose huge pages
+    the kernel's shmem_enabled usually refuses) and advised MADV_HUGEPAGE: a lookup of a
+    random key reads a few rows of arrays of hundreds of MB, and with 4 KiB pages each
+    read is a TLB miss too (measured at 10M keys: 20-30% more random lookups per CPU
+    second). Resident memory still grows only as pages are written, by 2 MiB at most
+    per array beyond the written part."""
     nbytes = n * np.dtype(dtype).itemsize
     if nbytes < MMAP_BYTES:
         return np.zeros(n, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype)
+    if nbytes < HUGE_BYTES or not _PRIVATE:
+        return np.frombuffer(mmap.mmap(-1, nbytes), dtype)
+    m = mmap.mmap(-1, nbytes, flags=_PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux; THP off or "never": a no-op
+        with contextlib.suppress(OSError):
+            m.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(m, dtype)
 
 
 def full(n: int, value: int, dtype: type | np.dtype) -> np.ndarray:

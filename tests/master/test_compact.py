@@ -89,6 +89,19 @@ def test_key_index_rebuild_places_as_probing_would() -> None:
     ki.check_integrity(np.arange(n))
 
 
+def test_big_zeros_are_private_zeroed_mappings() -> None:
+    """Arrays past HUGE_BYTES (private, huge-page-advised mappings) read as zeros, take
+    writes, and a copy of one is its own memory."""
+    n = keyindex.HUGE_BYTES // 8 + 3
+    a = keyindex.zeros(n, np.int64)
+    assert a.shape == (n,) and a.dtype == np.int64 and not a.any()
+    a[::4096] = 7
+    b = keyindex.zeros(n, np.int64)
+    b[:] = a
+    a[0] = 1
+    assert int(a.sum()) == 7 * len(range(0, n, 4096)) - 6 and b[0] == 7 and not b[1:4096].any()
+
+
 def test_key_index_arena_compacts_and_table_grows() -> None:
     ki = KeyIndex()
     n = 60_000
