@@ -354,7 +354,35 @@ def _copy_hashed(
     n = dst.nbytes
     if loc.offset + n > segment.nbytes:
         return TransferError(f"range [{loc.offset}, +{n}) is outside segment {loc.segment!r}")
-    src = segment[loc.offset : loc.offset + n]
+    return _copy_at(dst, segment[loc.offset : loc.offset + n], lanes)
+
+
+def copy_parts_hashed(
+    views: Sequence[memoryview], segment: memoryview, offset: int, verify: bool, lanes: int = 1
+) -> int | KVStoreError:
+    """Copy the replica at segment[offset:] across `views` in order (a scatter read, as
+    the Mooncake facade's multi-buffer gets do); the xxh3_64 of its bytes when `verify`,
+    else 0. Into one view it is `_copy_hashed` (with the copy lanes)."""
+    n = sum(v.nbytes for v in views)
+    if offset < 0 or offset + n > segment.nbytes:
+        return TransferError(f"range [{offset}, +{n}) is outside the mapped segment")
+    if len(views) == 1 and verify:
+        return _copy_at(views[0], segment[offset : offset + n], lanes)
+    h = xxhash.xxh3_64() if verify else None
+    pos = offset
+    for view in views:
+        for start in range(0, view.nbytes, COPY_CHUNK):
+            part = view[start : start + COPY_CHUNK]
+            _copy(part, segment[pos : pos + part.nbytes])
+            pos += part.nbytes
+            if h is not None:
+                h.update(part)
+    return h.intdigest() if h is not None else 0
+
+
+def _copy_at(dst: memoryview, src: memoryview, lanes: int) -> int:
+    """`_copy_hashed` of a source already cut to `dst`'s length."""
+    n = dst.nbytes
     if n <= WHOLE:
         if lanes == 1:  # alone: a memoryview copy is ~4% faster than numpy's at 1 MiB
             dst[:] = src

@@ -22,6 +22,7 @@ import xxhash
 
 from kvstore.client.context import OpContext, resolve
 from kvstore.client.datapath import BatchResult, Transfer
+from kvstore.client.reads import COPY_CHUNK, copy_parts_hashed
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.client.writes import PutOptions
 from kvstore.edge import from_pb_location
@@ -212,7 +213,8 @@ def _read(ctx: OpContext, plan: Sequence[_Read], parts: Sequence[Parts],
                 results[i] = _as_error(err)
     checks = {i: checksum for i, _, _, checksum in plan}
     if local:
-        copied = yield Io(lambda: [_copy_out(targets[i], m, loc.offset, v)
+        lanes = ctx.config.copy_lanes
+        copied = yield Io(lambda: [copy_parts_hashed(targets[i], m, loc.offset, v, lanes)
                                    for i, loc, m, v in local])  # fmt: skip
         for (i, loc, _, verify), res in zip(local, copied, strict=True):
             if isinstance(res, KVStoreError):
@@ -230,9 +232,6 @@ def _read(ctx: OpContext, plan: Sequence[_Read], parts: Sequence[Parts],
     ctx.ssd_reads += len(served)  # get_offload_rpc_read_count
 
 
-COPY_CHUNK = 256 << 10  # fits in L2: each chunk is hashed right after it is copied
-
-
 def _copy_in(parts: Parts, mem: memoryview, offset: int, hash_it: bool) -> int | KVStoreError:
     """Copy `parts` in order to mem[offset:]; the xxh3_64 of the bytes when `hash_it`
     (each chunk hashed right after it is copied, while in cache), else 0."""
@@ -248,24 +247,6 @@ def _copy_in(parts: Parts, mem: memoryview, offset: int, hash_it: bool) -> int |
             pos += chunk.nbytes
             if h is not None:
                 h.update(chunk)
-    return h.intdigest() if h is not None else 0
-
-
-def _copy_out(views: Parts, mem: memoryview, offset: int, verify: bool) -> int | KVStoreError:
-    """Copy mem[offset:] across `views` in order; the xxh3_64 of the bytes when `verify`
-    (hashed chunk by chunk while still in cache), else 0."""
-    n = sum(v.nbytes for v in views)
-    if offset < 0 or offset + n > mem.nbytes:
-        return TransferError(f"range [{offset}, +{n}) is outside the mapped segment")
-    h = xxhash.xxh3_64() if verify else None
-    pos = offset
-    for view in views:
-        for start in range(0, view.nbytes, COPY_CHUNK):
-            part = view[start : start + COPY_CHUNK]
-            part[:] = mem[pos : pos + part.nbytes]
-            pos += part.nbytes
-            if h is not None:
-                h.update(part)
     return h.intdigest() if h is not None else 0
 
 

@@ -238,6 +238,15 @@ def test_copy_and_checksum_spread_over_threads_match_one_thread() -> None:
     out = memoryview(bytearray(8 << 20))
     [err, ok] = reads.copy_hashed_all([(out, segment, outside), (out[:5], segment, locs[3])], 2)
     assert isinstance(err, TransferError) and ok == want[3]
+    # the facade's scatter reads (copy_parts_hashed): one replica across several views
+    n, off = sizes[0], offsets[0]
+    for cuts in ([n], [5, (1 << 20) - 5, n - (1 << 20)], [n - 1, 1]):
+        for lanes in (1, 3):
+            views = [memoryview(bytearray(c)) for c in cuts]
+            assert reads.copy_parts_hashed(views, segment, off, True, lanes) == want[0]
+            assert b"".join(bytes(v) for v in views) == segment[off : off + n]
+            assert reads.copy_parts_hashed(views, segment, off, False, lanes) == 0
+    assert isinstance(reads.copy_parts_hashed([out], segment, (40 << 20) - 10, True), TransferError)
 
 
 def test_large_same_host_reads_on_several_threads_are_exact(pool: Cluster) -> None:
