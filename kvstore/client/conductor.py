@@ -176,7 +176,9 @@ class ConductorClient:
             for msg in call:
                 yield _chunk(msg, dec, started)
         except grpc.RpcError as err:
-            raise rpc_error(err) from None
+            # grpc raises the call itself, which this frame holds: its traceback (this
+            # frame) would make a cycle that only a full collection frees, per rejection
+            raise _typed(err) from None
         finally:
             call.cancel()
 
@@ -202,6 +204,12 @@ class ConductorClient:
         self.close()
 
 
+def _typed(err: grpc.RpcError) -> Exception:
+    """The typed error of a failed call, with the call's own traceback dropped."""
+    err.__traceback__ = None
+    return rpc_error(err)
+
+
 class AsyncConductorClient:
     """The asyncio twin of ConductorClient."""
 
@@ -224,7 +232,7 @@ class AsyncConductorClient:
             async for msg in call:
                 yield _chunk(msg, dec, started)
         except grpc.RpcError as err:
-            raise rpc_error(err) from None
+            raise _typed(err) from None  # as in ConductorClient.stream
         finally:
             call.cancel()
 
