@@ -27,6 +27,7 @@ class OpContext:
     locations: LocationCache = field(init=False)  # needs checksums: they validate its reads
     extents: ExtentHolder = field(init=False)
     ssd_reads: int = 0  # reads this client served from an SSD replica (Mooncake's facade)
+    writer_leased: bool = False  # a commit granted it writer leases (ended at close)
 
     def __post_init__(self) -> None:
         cfg = self.config

@@ -130,6 +130,7 @@ def _started_put_op(
             request.checksums.extend([sums.get(i) or checksum_of(views[i]) for i in ok])
         end = yield Rpc("PutEnd", request)
         lease_s = end.read_lease_ms / 1000
+        ctx.writer_leased |= lease_s > 0
         for j, (i, status) in enumerate(zip(ok, end.results, strict=True)):
             results[i] = err = error_for(status.code, status.message)
             if err is None and lease_s > 0:
@@ -332,6 +333,7 @@ def _write_in_extent(
         return sorted(ok + retry)
     holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
     lease_s = reply.read_lease_ms / 1000
+    ctx.writer_leased |= lease_s > 0
     for i, item, status in zip(ok, items, reply.results, strict=True):
         results[i] = err = error_for(status.code, status.message)
         if err is None and lease_s > 0:  # held for a margin short of the lease (locations)
@@ -353,10 +355,12 @@ def _grant(ctx: OpContext, need: int, release: int) -> Op[None]:
     holder.install(reply, sent)
 
 
-def _release(ctx: OpContext, extent_id: int) -> Op[None]:
-    """Give extent `extent_id` back (best effort: its lease ends anyway)."""
+def _release(ctx: OpContext, extent_id: int, closing: bool = False) -> Op[None]:
+    """Give extent `extent_id` back (best effort: its lease ends anyway); `closing`:
+    end this client's writer leases too (extent_id 0: only that)."""
     request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
-                                             release=True)  # fmt: skip
+                                             release=bool(extent_id),
+                                             end_writer_leases=closing)  # fmt: skip
     try:
         yield Rpc("CommitExtent", request)
     except KVStoreError:
@@ -364,10 +368,12 @@ def _release(ctx: OpContext, extent_id: int) -> Op[None]:
 
 
 def release_op(ctx: OpContext) -> Op[None]:
-    """Give the current extent back (at close; best effort: its lease ends anyway)."""
+    """At close: give the current extent back and end the writer leases this client
+    was granted (its cache goes with it; until they ended, another client's remove of
+    what it put would be refused). Best effort: both end on their own anyway."""
     extent_id = ctx.extents.detach()
-    if extent_id:
-        yield from _release(ctx, extent_id)
+    if extent_id or ctx.writer_leased:
+        yield from _release(ctx, extent_id, closing=ctx.writer_leased)
 
 
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:

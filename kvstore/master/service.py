@@ -250,6 +250,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self, request: master_pb2.CommitExtentRequest, context: Ctx
     ) -> master_pb2.CommitExtentResponse:
         self._check_batch(len(request.items))
+        if request.end_writer_leases and not request.extent_id and not request.items:
+            if not request.client_id:  # a closing client's writer leases, nothing else
+                raise BadRequestError("client_id must not be empty")
+            self.state.writer_leases.end_client(request.client_id)
+            return master_pb2.CommitExtentResponse()
         items = [
             CommitItem(it.key, it.offset, it.size, it.checksum, it.group) for it in request.items
         ]
@@ -261,6 +266,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
         reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
         reply.read_lease_ms = int(lease * 1000)
+        if request.end_writer_leases:
+            self.state.writer_leases.end_client(request.client_id)
         ext = self.state.extents.live.get(request.extent_id)
         if self.caps is not None and ext is not None and not request.release:
             reply.capability = self.caps.grant(

@@ -106,6 +106,17 @@ class WriterLeases:
         self._live.pop(key, None)
         self._tombs.pop(key, None)
 
+    def end_client(self, client_id: str) -> int:
+        """`client_id` closed (its cache went with it): its leases and tombstones end;
+        how many. O(live leases), once per closing client."""
+        mine = [k for k, (w, _) in self._live.items() if w == client_id]
+        for k in mine:
+            del self._live[k]
+        tombs = [k for k, (w, _) in self._tombs.items() if w == client_id]
+        for k in tombs:
+            del self._tombs[k]
+        return len(mine) + len(tombs)
+
     def check_put(self, client_id: str, keys: Sequence[str], now: float) -> None:
         """Refuse a put of a key whose object left the pool while another client's
         writer lease on it lasts (NotReadyError naming it; the whole batch, nothing

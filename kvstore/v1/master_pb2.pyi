@@ -645,18 +645,20 @@ class CommitItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
 
 class CommitExtentRequest(_message.Message):
-    __slots__ = ("client_id", "extent_id", "items", "release", "read_lease_ms")
+    __slots__ = ("client_id", "extent_id", "items", "release", "read_lease_ms", "end_writer_leases")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EXTENT_ID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    END_WRITER_LEASES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     extent_id: int
     items: _containers.RepeatedCompositeFieldContainer[CommitItem]
     release: bool
     read_lease_ms: int
-    def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
+    end_writer_leases: bool
+    def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ..., read_lease_ms: _Optional[int] = ..., end_writer_leases: bool = ...) -> None: ...
 
 class CommitExtentResponse(_message.Message):
     __slots__ = ("results", "ttl_ms", "capability", "read_lease_ms")

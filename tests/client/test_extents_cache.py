@@ -147,6 +147,12 @@ def test_a_writer_reads_its_puts_back_under_its_writer_lease(pool: Cluster) -> N
             assert w._ctx.locations.stale == 2
         w.put("wl-evicted", b"g" * 3000)  # its writer may put it again
         assert other.get("wl-evicted") == b"g" * 3000
+    with Client(pool.address, timeout_s=TIMEOUT_S) as w:
+        w.put("wl-closed", b"h" * 3000)
+        assert pool.stats().writer_leases >= 1
+    with Client(pool.address) as other:  # its writer closed: its leases ended with it
+        assert pool.stats().writer_leases == 0
+        assert other.remove("wl-closed")
         for key in ("wl-evicted", *(f"wl-fill{i}" for i in range(40))):
             other.remove(key, force=True)
 

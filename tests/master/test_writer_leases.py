@@ -84,3 +84,15 @@ def test_the_config_bounds_the_writer_lease() -> None:
         MasterConfig(writer_lease_ttl_s=-1)
     with pytest.raises(BadRequestError, match="writer_lease_ttl_s"):
         MasterConfig(writer_lease_ttl_s=61, max_lease_ttl_s=60)
+
+
+def test_a_closing_writer_ends_its_leases_and_tombstones(clock: FakeClock) -> None:
+    st = pool(clock)
+    assert commit(st, "w", ["a", "b"], 2.0) == [None, None]
+    assert commit(st, "v", ["c"], 2.0) == [None]
+    st.evict_object(st.objects["b"])  # a tombstone of w's
+    assert st.writer_leases.end_client("w") == 2  # a's lease, b's tombstone
+    assert st.remove(["a"], client_id="other") == [None]
+    assert isinstance(st.put_start("other", "a", [PutItem("b", 100)])[0], list)
+    assert st.writer_leases.holder("c", clock()) == "v"  # another writer's stay
+    st.check_integrity()
