@@ -27,7 +27,7 @@ from kvstore.client.directory import SegmentDirectory
 from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_async
-from kvstore.client.writes import PutOptions, release_op
+from kvstore.client.writes import PutOptions, end_writer_leases_op, release_op
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.fastlane import AsyncRouter
 from kvstore.node.node import StorageNode
@@ -154,6 +154,10 @@ class AsyncClient:
 
     async def remove(self, key: str, *, force: bool = False, node_id: str = "") -> bool:
         return await self.run(self._ops.remove(key, force, node_id))
+
+    async def end_writer_leases(self) -> None:
+        """As Client.end_writer_leases."""
+        await self.run(end_writer_leases_op(self._ctx))
 
     async def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
         return await self.run(self._ops.match_prefix(keys))

@@ -27,7 +27,7 @@ from kvstore.client.directory import SegmentDirectory
 from kvstore.client.ops import ClientOps, PrefixMatchResult
 from kvstore.client.segments import contributed_node
 from kvstore.client.steps import Op, Rpc, run_sync
-from kvstore.client.writes import PutOptions, release_op
+from kvstore.client.writes import PutOptions, end_writer_leases_op, release_op
 from kvstore.errors import BadRequestError, KVStoreError
 from kvstore.fastlane import SyncRouter
 from kvstore.node.node import StorageNode
@@ -182,6 +182,11 @@ class Client:
         """True if removed, False if absent; NotReadyError while leased/pinned (unless force).
         `node_id`: drop only the replicas on that node (the object goes with its last)."""
         return self.run(self._ops.remove(key, force, node_id))
+
+    def end_writer_leases(self) -> None:
+        """End the writer leases this client's puts were granted (and forget what its
+        location cache knows): another client may then remove what it put at once."""
+        self.run(end_writer_leases_op(self._ctx))
 
     def match_prefix(self, keys: Sequence[str]) -> PrefixMatchResult:
         """How many leading `keys` the pool holds, overall and per (node, tier)."""

@@ -88,6 +88,10 @@ class LocationCache:
             while entries and next(iter(entries.values())).expires <= now:
                 entries.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
     def drop(self, keys: Sequence[str]) -> None:
         with self._lock:
             for key in keys:

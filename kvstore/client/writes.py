@@ -376,6 +376,17 @@ def release_op(ctx: OpContext) -> Op[None]:
         yield from _release(ctx, extent_id, closing=ctx.writer_leased)
 
 
+def end_writer_leases_op(ctx: OpContext) -> Op[None]:
+    """End the writer leases this client holds (kvstore.master.writerleases), and drop
+    what its location cache learnt from them (the whole cache: it cannot tell which
+    entries came from a commit), so another client may remove its objects at once."""
+    if not ctx.writer_leased:
+        return
+    ctx.locations.clear()
+    yield from _release(ctx, 0, closing=True)
+    ctx.writer_leased = False
+
+
 def _revoke(ctx: OpContext, keys: list[str]) -> Op[None]:
     """Best-effort PutRevoke (the master's put timeout reclaims what this misses)."""
     try:

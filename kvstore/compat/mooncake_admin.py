@@ -19,12 +19,10 @@ PAGE = 10_000
 
 def remove_all(
     master: str, tenant: str, force: bool, pattern: re.Pattern[str] | None = None,
-    timeout_s: float = 30.0, client_id: str = "",
+    timeout_s: float = 30.0,
 ) -> int:  # fmt: skip
     """Remove every committed object whose wire key belongs to `tenant` ("" = all keys)
-    and, with `pattern`, whose key (without the tenant prefix) matches it (re.search).
-    `client_id`: the caller, whose own leases (a writer's, its own reads') do not keep
-    its objects, as they do not for its `remove`."""
+    and, with `pattern`, whose key (without the tenant prefix) matches it (re.search)."""
     prefix = f"{tenant}/" if tenant else ""
     removed = 0
     with edge.sync_channel(master) as channel:
@@ -35,8 +33,7 @@ def remove_all(
                 if not keys:
                     continue
                 reply = stub.Remove(
-                    master_pb2.RemoveRequest(keys=keys, force=force, client_id=client_id),
-                    timeout=timeout_s,
+                    master_pb2.RemoveRequest(keys=keys, force=force), timeout=timeout_s
                 )
                 removed += sum(1 for status in reply.results if status.code == 0)
         except grpc.RpcError as exc:

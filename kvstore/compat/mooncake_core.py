@@ -8,6 +8,7 @@ tensor forms build on it (mooncake_multi.py, mooncake_tensor_api.py).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
@@ -537,11 +538,8 @@ class StoreCore:
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this tenant; how many were removed (leased ones stay
         unless `force`), or a negative code."""
-        return self._admin(
-            lambda: mooncake_admin.remove_all(
-                self._master, self._tenant, force, client_id=self._client_id()
-            )
-        )
+        self._end_writer_leases()
+        return self._admin(lambda: mooncake_admin.remove_all(self._master, self._tenant, force))
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Remove the keys matching `regex_pattern` (re.search); how many, or a code."""
@@ -549,15 +547,19 @@ class StoreCore:
             pattern = re.compile(regex_pattern)
         except (re.error, TypeError):
             return BAD
+        self._end_writer_leases()
         return self._admin(
-            lambda: mooncake_admin.remove_all(
-                self._master, self._tenant, force, pattern, client_id=self._client_id()
-            )
+            lambda: mooncake_admin.remove_all(self._master, self._tenant, force, pattern)
         )
 
-    def _client_id(self) -> str:
+    def _end_writer_leases(self) -> None:
+        """Before a remove_all: this store's writer leases end (Mooncake keeps no lease
+        on a put, so its removeAll takes what this store just put; its reads' leases
+        still keep theirs), and with them what its cache knows."""
         client = self._client
-        return client.config.id if client is not None else ""
+        if client is not None:
+            with contextlib.suppress(KVStoreError):
+                client.end_writer_leases()
 
     def _admin(self, fn: Callable[[], int]) -> int:
         if self._client is None:

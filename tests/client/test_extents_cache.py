@@ -147,6 +147,14 @@ def test_a_writer_reads_its_puts_back_under_its_writer_lease(pool: Cluster) -> N
             assert w._ctx.locations.stale == 2
         w.put("wl-evicted", b"g" * 3000)  # its writer may put it again
         assert other.get("wl-evicted") == b"g" * 3000
+    with Client(pool.address, timeout_s=TIMEOUT_S) as w, Client(pool.address) as other:
+        w.put("wl-ended", b"i" * 3000)
+        with pytest.raises(NotReadyError):
+            other.remove("wl-ended")
+        w.end_writer_leases()  # and forgets what its cache knew
+        assert other.remove("wl-ended")
+        with pytest.raises(NotFoundError):
+            w.get("wl-ended")
     with Client(pool.address, timeout_s=TIMEOUT_S) as w:
         w.put("wl-closed", b"h" * 3000)
         assert pool.stats().writer_leases >= 1
