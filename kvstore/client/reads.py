@@ -53,13 +53,14 @@ def read_op(ctx: OpContext, keys: Sequence[str], target: Target) -> Op[list[int 
     reads that fail their check) go through one leased BatchLookup."""
     results: list[int | KVStoreError] = [0] * len(keys)
     todo = list(range(len(keys)))
+    failed: set[tuple[str, str, int]] = set()  # replicas a cached read could not reach
     if ctx.locations.capacity:
-        todo = yield from _read_cached(ctx, keys, target, results)
+        todo = yield from _read_cached(ctx, keys, target, results, failed)
     if len(todo) == len(keys):
-        return (yield from _read_looked_up(ctx, keys, target))
+        return (yield from _read_looked_up(ctx, keys, target, failed))
     if todo:
         rest = yield from _read_looked_up(
-            ctx, [keys[i] for i in todo], lambda j, size: target(todo[j], size)
+            ctx, [keys[i] for i in todo], lambda j, size: target(todo[j], size), failed
         )
         for i, res in zip(todo, rest, strict=True):
             results[i] = res
@@ -92,10 +93,12 @@ def read_cached_now(ctx: OpContext, key: str, view: memoryview) -> int | None:
 
 
 def _read_cached(
-    ctx: OpContext, keys: Sequence[str], target: Target, results: list[int | KVStoreError]
-) -> Op[list[int]]:
+    ctx: OpContext, keys: Sequence[str], target: Target, results: list[int | KVStoreError],
+    failed: set[tuple[str, str, int]],
+) -> Op[list[int]]:  # fmt: skip
     """Read the keys the location cache knows, verifying each against its checksum;
-    the indices still to read (not cached, or their cached read failed)."""
+    the indices still to read (not cached, or their cached read failed). Replicas it
+    could not reach go into `failed` (the lookup then tries them last)."""
     pending: dict[int, tuple[list[Location], memoryview]] = {}
     sums = [0] * len(keys)
     for i, key in enumerate(keys):
@@ -110,7 +113,12 @@ def _read_cached(
     if not pending:
         return list(range(len(keys)))
     cached = list(pending)
+    tried = {i: pending[i][0][0] for i in cached}
     yield from _read_round(ctx, pending, dict.fromkeys(pending, 0), results, sums, False, True)
+    for i in pending:
+        if isinstance(results[i], TransferError):
+            loc = tried[i]
+            failed.add((loc.node_id, loc.segment, loc.offset))
     ctx.locations.hits += len(cached) - len(pending)
     ctx.locations.stale += len(pending)
     ctx.locations.drop([keys[i] for i in pending])
@@ -119,9 +127,11 @@ def _read_cached(
 
 
 def _read_looked_up(
-    ctx: OpContext, keys: Sequence[str], target: Target
-) -> Op[list[int | KVStoreError]]:
-    """One leased BatchLookup, then READs (retrying replicas) of every key found."""
+    ctx: OpContext, keys: Sequence[str], target: Target,
+    failed: set[tuple[str, str, int]] | None = None,
+) -> Op[list[int | KVStoreError]]:  # fmt: skip
+    """One leased BatchLookup, then READs (retrying replicas) of every key found;
+    replicas in `failed` (a cached read of this call could not reach them) last."""
     lease_ms = max(1, int(ctx.config.lease_ttl_s * 1000))
     request = master_pb2.BatchLookupRequest(
         keys=keys, lease_ttl_ms=lease_ms, client_id=ctx.config.id
@@ -140,6 +150,8 @@ def _read_looked_up(
             results[i] = view
             continue
         replicas = _order(ctx, [from_pb_location(r) for r in res.replicas])
+        if failed and len(replicas) > 1:  # stable: the rest keep their order
+            replicas.sort(key=lambda r: (r.node_id, r.segment, r.offset) in failed)
         pending[i] = (replicas, view)
         results[i] = res.size
         ctx.locations.put(keys[i], res.size, res.checksum, replicas, leased_s)
