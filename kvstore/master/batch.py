@@ -72,12 +72,13 @@ class PutColumns:
         n = len(self.keys)
         if n <= SMALL:
             return [i for i in range(n) if _suspect(self, i)]
-        sizes = np.fromiter(self.sizes, _I64, n)
+        sizes = np.fromiter(self.sizes, np.uint64, n)  # a uint64 field: int64 would overflow
         reps = np.fromiter(self.replicas, _I64, n)
         pins = np.fromiter(self.pin_ttls, np.float64, n)
         lens = np.fromiter(map(len, self.keys), _I64, n)
         tiers = np.fromiter(self.tiers, _I64, n)
-        bad = (sizes <= 0) | (reps < 1) | (reps > 16) | ~(pins >= 0) | (lens == 0)
+        bad = (sizes == 0) | (sizes >= np.uint64(1 << 63)) | (reps < 1) | (reps > 16)
+        bad |= ~(pins >= 0) | (lens == 0)
         bad |= (lens * 4 > MAX_KEY_BYTES) | (tiers > max(Tier)) | (tiers < -1)
         return np.nonzero(bad)[0].tolist()
 
@@ -89,7 +90,7 @@ PREPARED: ContextVar[tuple[object, PutColumns] | None] = ContextVar("put_columns
 
 def _suspect(c: PutColumns, i: int) -> bool:
     return not (
-        c.sizes[i] > 0 and 1 <= c.replicas[i] <= 16 and c.pin_ttls[i] >= 0
+        0 < c.sizes[i] < 1 << 63 and 1 <= c.replicas[i] <= 16 and c.pin_ttls[i] >= 0
         and len(c.keys[i]) > 0 and len(c.keys[i]) * 4 <= MAX_KEY_BYTES
         and -1 <= c.tiers[i] <= MAX_TIER
     )  # fmt: skip
@@ -142,11 +143,10 @@ def _run_ends(c: PutColumns, todo: list[int], existing: dict[int, int]) -> list[
     n = len(todo)
     if not n:
         return []
-    idx = np.array(todo, _I64)
     cut = np.zeros(n + 1, bool)
     cut[0] = cut[n] = True
-    for column in (c.sizes, c.replicas, c.tiers):
-        vals = np.fromiter(column, _I64, len(column))[idx]
+    for column in (c.sizes, c.replicas, c.tiers):  # `todo` only: a refused item's size
+        vals = np.fromiter(map(column.__getitem__, todo), _I64, n)  # may not fit int64
         cut[1:n] |= vals[1:] != vals[:-1]
     pref = [c.preferred[i] for i in todo]
     if len(set(pref)) > 1:

@@ -231,8 +231,8 @@ class PutItem:
 
     def __post_init__(self) -> None:
         check_key(self.key)
-        if not isinstance(self.size, int) or self.size <= 0:
-            raise BadRequestError(f"size of {self.key!r} must be a positive int")
+        if not isinstance(self.size, int) or not 0 < self.size < 1 << 63:
+            raise BadRequestError(f"size of {self.key!r} must be a positive int below 2**63")
         if not 1 <= self.replicas <= 16:
             raise BadRequestError(f"replicas of {self.key!r} must be in 1..16")
         if self.pin_ttl_s < 0:

@@ -212,3 +212,25 @@ def test_put_request_columns_match_put_columns(seed: int) -> None:
             it.key = "ключ-é-" + it.key
     req = master_pb2.PutStartRequest.FromString(req.SerializeToString())
     assert _columns(put_request_columns(req)) == _columns(put_columns(req.items))
+
+
+@pytest.mark.parametrize("n", [5, 40])  # one by one, and as columns
+def test_a_size_past_int64_is_refused_typed_and_the_rest_placed(n: int) -> None:
+    """A uint64 size of 2**63 or more (the field allows it) once raised OverflowError
+    out of the batched path; it is the item's BadRequestError now."""
+    from kvstore.errors import BadRequestError
+    from kvstore.master.model import Endpoint
+    from kvstore.master.service import put_request_columns
+
+    from .conftest import FakeClock, make_state
+
+    st = make_state(FakeClock())
+    st.register_node("a", Endpoint("a:1", "h"), "i")
+    st.mount_segment("a", "s", Tier.DRAM, 1 << 20)
+    items = [master_pb2.PutStartItem(key=f"k{i}", size=100) for i in range(n)]
+    items[3].size = (1 << 64) - 1
+    res = st.put_start_columns("c", "a", put_request_columns(
+        master_pb2.PutStartRequest(client_id="c", items=items)))  # fmt: skip
+    assert isinstance(res.errors[3], BadRequestError) and "2**63" in str(res.errors[3])
+    assert int((res.ids >= 0).sum()) == n - 1
+    st.check_integrity()
