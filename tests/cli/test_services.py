@@ -30,8 +30,10 @@ def _put(stub: master_pb2_grpc.MasterStub, key: str, size: int) -> None:
 
 
 def _workload(address: str, offload: bool = True) -> None:
-    """300 KiB k0, then k1 (both in DRAM): DRAM is past its 0.25 high watermark, so the
-    colder k0 moves to the node's SSD (an offload, not an eviction)."""
+    """300 KiB k0, then k1 (both in DRAM): DRAM is past its 0.5 high watermark, so the
+    colder k0 moves to the node's SSD (an offload, not an eviction), and k1 alone is
+    under the 0.35 low one. (With a high watermark under one object, k0 alone was
+    offloaded whenever the node moved it before k1 came, and k1 after it: 2 offloads.)"""
     with grpc.insecure_channel(address) as ch:
         stub = master_pb2_grpc.MasterStub(ch)
         _put(stub, "k0", 300 * KiB)
@@ -48,7 +50,7 @@ def _workload(address: str, offload: bool = True) -> None:
 
 
 def test_master_node_tiers(tmp_path: Path) -> None:
-    master_args = ["--high-watermark", "0.25", "--low-watermark", "0.1"]
+    master_args = ["--high-watermark", "0.5", "--low-watermark", "0.35"]
     with service("master", "--listen", "127.0.0.1:0", *master_args) as (_, ready):
         assert ready.startswith("kvstore master listening on 127.0.0.1:")
         address = ready.split()[4]
