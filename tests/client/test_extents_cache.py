@@ -33,6 +33,18 @@ def allocated(pool: Cluster) -> int:
     return sum(s.used for s in pool.stats().segments)
 
 
+def overwrite_cached(client: Client, key: str, junk: bytes, at: int = 0) -> None:
+    """Write `junk` one-sided at `key`'s cached location (+`at`), as a raw writer
+    reusing its space would: the cached read's checksum must catch it."""
+    entry = client._ctx.locations.get(key)
+    assert entry is not None and entry.checksum
+    loc = entry.replicas[0]
+    desc = client._ctx.directory.descriptor(loc)
+    assert desc is not None
+    write = [Transfer(desc, loc.offset + at, memoryview(junk))]
+    assert client._ctx.data.run(TransferOp.WRITE, write).errors == [None]
+
+
 def test_a_lease_that_ended_falls_back_to_putstart(pool: Cluster) -> None:
     with Client(pool.address, timeout_s=TIMEOUT_S, location_cache_entries=0) as c:
         c.put("first", b"1" * 5000)
@@ -59,15 +71,8 @@ def test_a_cached_location_overwritten_is_detected(pool: Cluster) -> None:
         b.put("shared", b"old" * 1000)
         assert a.get("shared") == b"old" * 1000  # looked up: cached inside its lease
         assert a.get("shared") == b"old" * 1000 and a._ctx.locations.hits == 1
-        entry = a._ctx.locations.get("shared")
-        assert entry is not None
         assert b.remove("shared", force=True)  # a forced remove breaks the lease...
-        loc = entry.replicas[0]
-        desc = a._ctx.directory.descriptor(loc)
-        junk = memoryview(b"new" * 1000)  # ...and its space is written again
-        assert a._ctx.data.run(TransferOp.WRITE, [Transfer(desc, loc.offset, junk)]).errors == [
-            None
-        ]  # fmt: skip
+        overwrite_cached(a, "shared", b"new" * 1000)  # ...and its space is written again
         with pytest.raises(NotFoundError):  # the cached read fails its check: looked up
             a.get("shared")
         assert a._ctx.locations.stale == 1 and a._ctx.locations.get("shared") is None
@@ -89,15 +94,8 @@ def test_get_into_a_cached_location_is_a_copy_and_checked(pool: Cluster) -> None
         small = bytearray(10)  # too small for the cached size: the normal path says why
         with pytest.raises(TooLargeError):
             a.get_into("into", small)
-        entry = a._ctx.locations.get("into")
-        assert entry is not None
         assert b.remove("into", force=True)
-        loc = entry.replicas[0]
-        desc = a._ctx.directory.descriptor(loc)
-        junk = memoryview(b"new" * 1000)
-        assert a._ctx.data.run(TransferOp.WRITE, [Transfer(desc, loc.offset, junk)]).errors == [
-            None
-        ]  # fmt: skip
+        overwrite_cached(a, "into", b"new" * 1000)
         with pytest.raises(NotFoundError):  # the copy fails its check: looked up, gone
             a.get_into("into", out)
         assert a._ctx.locations.stale == 1 and a._ctx.locations.get("into") is None
@@ -121,15 +119,9 @@ def test_a_writer_reads_its_puts_back_under_its_writer_lease(pool: Cluster) -> N
         assert other.exists("wl-mine")  # refused: nothing changed (a query takes no lease)
         assert w.remove("wl-mine") and w._ctx.locations.get("wl-mine") is None
         w.put("wl-forced", b"a" * 3000)
-        entry = w._ctx.locations.get("wl-forced")
-        assert entry is not None and entry.checksum
+        assert w._ctx.locations.get("wl-forced") is not None  # cached by its writer lease
         assert other.remove("wl-forced", force=True)  # an admin's remove breaks the lease...
-        loc = entry.replicas[0]
-        desc = w._ctx.directory.descriptor(loc)
-        junk = memoryview(b"b" * 3000)  # ...and its space is written again
-        assert w._ctx.data.run(TransferOp.WRITE, [Transfer(desc, loc.offset, junk)]).errors == [
-            None
-        ]  # fmt: skip
+        overwrite_cached(w, "wl-forced", b"b" * 3000)  # ...and its space is written again
         with pytest.raises(NotFoundError):  # the cached read fails its check: looked up
             w.get("wl-forced")
         assert w._ctx.locations.stale == 1
@@ -284,14 +276,7 @@ def test_large_same_host_reads_on_several_threads_are_exact(pool: Cluster) -> No
             assert all(o.tobytes() == values[k] for k, o in zip(small, outs, strict=True))
             big = bytearray(16 << 20)
             assert c.get_into("lane-big", big) == 16 << 20 and big == values["lane-big"]
-        entry = c._ctx.locations.get("lane-big")
-        assert entry is not None
-        loc = entry.replicas[0]
-        desc = c._ctx.directory.descriptor(loc)
-        junk = memoryview(b"\xff" * 4096)
-        assert c._ctx.data.run(
-            TransferOp.WRITE, [Transfer(desc, loc.offset + (9 << 20), junk)]
-        ).errors == [None]
+        overwrite_cached(c, "lane-big", b"\xff" * 4096, at=9 << 20)
         with pytest.raises(CorruptError):
             c.get_into("lane-big", big)
         for key in values:
