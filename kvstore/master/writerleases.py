@@ -123,27 +123,26 @@ class WriterLeases:
         changed). Costs nothing while no tombstone is live."""
         if not self._tombs:
             return
-        tombs = self._tombs
         for key in keys:
-            held = tombs.get(key)
-            if held is None:
-                continue
-            if held[1] <= now:
-                del tombs[key]
-            elif held[0] != client_id:
-                self.refused_puts += 1
-                ms = max(1, int((held[1] - now) * 1000))
-                raise NotReadyError(
-                    f"{key!r} was dropped while its writer may still read it: retry in {ms} ms"
-                )
+            refused = self.tombstone(key, client_id, now)
+            if refused is not None:
+                raise refused
 
     def tombstone(self, key: str, client_id: str, now: float) -> NotReadyError | None:
-        """`check_put` of one key, as a per-item result."""
-        try:
-            self.check_put(client_id, (key,), now)
-        except NotReadyError as exc:
-            return exc
-        return None
+        """`check_put` of one key, as a per-item result (an ended tombstone is dropped)."""
+        held = self._tombs.get(key)
+        if held is None:
+            return None
+        if held[1] <= now:
+            del self._tombs[key]
+            return None
+        if held[0] == client_id:
+            return None
+        self.refused_puts += 1
+        ms = max(1, int((held[1] - now) * 1000))
+        return NotReadyError(
+            f"{key!r} was dropped while its writer may still read it: retry in {ms} ms"
+        )
 
     def __len__(self) -> int:
         return len(self._live)
