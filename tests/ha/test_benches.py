@@ -19,9 +19,6 @@ pytestmark = [
 ]
 
 
-ETCD_GROSS_MIB_PER_MIN = 4.0
-
-
 def _bench(*argv: str, timeout_s: float) -> dict:
     proc = subprocess.run(
         [sys.executable, *argv, "--json"], capture_output=True, text=True, cwd=REPO,
@@ -65,12 +62,12 @@ def test_soak_3_minutes(tmp_path: Path) -> None:
     assert r["warmup_s"] == 60.0 and r["target_slope_mib_per_min"] == 1.0
     judged = {k: v for k, v in slopes.items() if k not in r["rss_slope_not_judged"]}
     assert {"clients", "conductor", "prefill", "decode", "n0", "n1", "n2"} <= set(judged)
-    # kvstore's processes (and this driver): the target. etcd: only a gross leak (its
-    # raft log without the flags of tests/ha/etcd.py read +15 to +17), because under
-    # a load of 10+ its start-up runs past the first minute and its GC swings 2-3 MiB
-    # (+1.19 in one such run): its < 1 is the 30-minute run's verdict
-    ours = {k: v for k, v in judged.items() if k != "etcd"}
-    assert max(ours.values()) < 1.0, (slopes, r["rss_slope_not_judged"])
-    assert judged.get("etcd", 0.0) < ETCD_GROSS_MIB_PER_MIN, slopes
+    if not r["leader_elections"]:  # no takeover: etcd served no index load, it is judged
+        assert "etcd" in judged
+    # every judged process, etcd included (on this 2-core CI host, alone, etcd read
+    # +0.07 / +0.13: its Go heap settles within ~30 s; only under a load of 10+ from
+    # other work did its start-up run past the first minute and read +1.0 to +1.2)
+    print("RSS slopes, MiB/min:", {k: round(v, 2) for k, v in judged.items()})
+    assert max(judged.values()) < 1.0, (slopes, r["rss_slope_not_judged"])
     curves = json.loads(out.read_text())["rss_samples"]
     assert all(len(c) >= 60 and len(c[0]) == 3 for c in curves.values()), curves
