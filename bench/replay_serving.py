@@ -23,7 +23,14 @@ from kvstore.sim.metrics import (
 from kvstore.sim.metrics import goodput as goodput_of
 from kvstore.sim.mixes import random_mixes, shifted_mix
 from kvstore.sim.replay import Outcome, Slo, split_too_long
-from kvstore.sim.search import Pool, balancer_control, plan_split, run_split, split_specs
+from kvstore.sim.search import (
+    Pool,
+    balancer_control,
+    horizon_windows,
+    plan_split,
+    run_split,
+    split_specs,
+)
 from kvstore.sim.traces import TraceLoad, read_trace, scale_rate, window
 
 KV_TOKENS_PER_NODE = 480_000  # (4 x 80 GB - 140 GB weights) * 0.9 / 320 KiB per token
@@ -39,30 +46,39 @@ def make_pool(args: argparse.Namespace, pooled: bool = True) -> Pool:
 
 
 class Windows:
-    """The serving window and, never judged, the windows the planner observes."""
+    """The serving window and, never judged, what the planner observes: the next runs of
+    as many requests as the serving window holds (`horizon_windows`)."""
 
     def __init__(self, load: TraceLoad, args: argparse.Namespace) -> None:
         self.length = args.window_s
         self.serve = window(load, 0.0, args.window_s)
         if not self.serve.requests:
             raise BadRequestError(f"no request in the first {args.window_s} s of the trace")
-        # the planner sees the next windows of the trace (other requests, the same kind of
-        # traffic); a trace too short for one falls back to the serving window itself
-        seen = [window(load, args.window_s * (i + 1), args.window_s)
-                for i in range(args.planner_windows)]  # fmt: skip
-        self.observed = [w for w in seen if w.requests]
-        self.own_window = not self.observed
-        if self.own_window:
-            self.observed = [self.serve]
-        self.base_rate = len(self.serve.requests) / args.window_s
+        self.load, self.count, self.windows = load, len(self.serve.requests), args.planner_windows
+        # the planner sees the requests after the serving window (other requests, the same
+        # kind of traffic); a trace too short for them falls back to the serving window
+        self.own_window = not horizon_windows(load, self.length, self.count, 1, 1.0)
+        self.base_rate = self.count / args.window_s
 
     def at(self, rate: float) -> TraceLoad:
         return scale_rate(self.serve, rate / self.base_rate)
 
     def observed_at(self, rate: float) -> tuple[list[TraceLoad], float]:
-        """The observed windows, each scaled to `rate`, and their length in seconds."""
-        scaled = [scale_rate(w, rate * self.length / len(w.requests)) for w in self.observed]
-        return scaled, sum(len(w.requests) for w in self.observed) / len(self.observed) / rate
+        """The observed windows replayed at `rate`, and the horizon they span in seconds
+        (the serving window's at that rate)."""
+        if self.own_window:
+            return [self.at(rate)], self.count / rate
+        runs = horizon_windows(self.load, self.length, self.count, self.windows, rate)
+        return runs, self.count / rate
+
+    def described(self) -> str:
+        if self.own_window:
+            return "serving window (trace too short)"
+        runs = horizon_windows(self.load, self.length, self.count, self.windows, 1.0)
+        seen = sum(len(r.requests) for r in runs)
+        return (f"{len(runs)} windows of the {self.count} requests after {self.length:g} s "
+                f"({seen} requests, each replayed at the planned rate over the serving "
+                "window's horizon)")  # fmt: skip
 
 
 def _summary(outs: list[Outcome], slo: Slo) -> LatencySummary:
@@ -134,9 +150,7 @@ def _serving_report(
         # longer than every node's context: rejected (counted as missed) in every mode
         "too_long": len(split_too_long(sv.win.serve, split_specs(sv.pool, 0))[1]),
         "base_rate": sv.win.base_rate,
-        "planner_window": "serving window (trace too short)" if sv.win.own_window else
-        f"[{args.window_s:g}, {(1 + len(sv.win.observed)) * args.window_s:g}) s of the trace "
-        f"({len(sv.win.observed)} windows)",
+        "planner_window": sv.win.described(),
         "slo": asdict(sv.slo),
         "modes": {},
         "goodput": {},
