@@ -8,10 +8,11 @@ DRAM segments) are tried first, then faster tiers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import xxhash
@@ -403,15 +404,50 @@ def _copy_at(dst: memoryview, src: memoryview, lanes: int) -> int:
         return checksum_of(dst)
     starts = range(0, n, COPY_CHUNK)
     pieces = [(dst[a : a + COPY_CHUNK], src[a : a + COPY_CHUNK]) for a in starts]
-    ahead: dict[int, Future[None]] = {}
     if lanes > 1 and n >= PARALLEL_MIN:
-        pool = _pool(lanes)
-        ahead = {k: pool.submit(_copy, *piece) for k, piece in enumerate(pieces) if k % lanes}
+        return _copy_shared(pieces, lanes)
     digest = xxhash.xxh3_64()
-    for k, (part, piece) in enumerate(pieces):
-        if k in ahead:
-            ahead[k].result()
-        else:
-            _copy(part, piece)
+    for part, piece in pieces:
+        _copy(part, piece)
         digest.update(part)
+    return digest.intdigest()
+
+
+def _copy_shared(pieces: Sequence[tuple[memoryview, memoryview]], lanes: int) -> int:
+    """Copy `pieces` (dst, src) on `lanes` threads and hash them in order; the digest.
+
+    The hash is one sequential xxh3 that only this thread can run, so chunks are not
+    dealt out in a fixed pattern: every lane claims the next uncopied chunk from one
+    counter, and this thread, between hashes, copies too whenever the chunk it would
+    hash next is not ready. With a fixed k % lanes deal this thread had half the copies
+    plus every hash (16 MiB on 2 lanes: 2.0 ms); claimed, it copies about a third."""
+    claims = itertools.count()  # next() of a count is atomic under the GIL
+    done = [threading.Event() for _ in pieces]
+
+    def lane() -> None:
+        for k in claims:
+            if k >= len(pieces):
+                return
+            try:
+                _copy(*pieces[k])
+            finally:
+                done[k].set()  # (on an error too: this thread must not wait for ever)
+
+    futures = [_pool(lanes).submit(lane) for _ in range(lanes - 1)]
+    digest = xxhash.xxh3_64()
+    try:
+        for k, (part, _) in enumerate(pieces):
+            while not done[k].is_set():
+                mine = next(claims)
+                if mine >= len(pieces):
+                    done[k].wait()
+                    break
+                try:
+                    _copy(*pieces[mine])
+                finally:
+                    done[mine].set()
+            digest.update(part)
+    finally:
+        for future in futures:
+            future.result()  # a lane's error, raised here; none of them still copies
     return digest.intdigest()
