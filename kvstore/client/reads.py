@@ -424,14 +424,17 @@ def _copy_shared(pieces: Sequence[tuple[memoryview, memoryview]], lanes: int) ->
     claims = itertools.count()  # next() of a count is atomic under the GIL
     done = [threading.Event() for _ in pieces]
 
+    def copy(k: int) -> None:
+        try:
+            _copy(*pieces[k])
+        finally:
+            done[k].set()  # (on an error too: this thread must not wait for ever)
+
     def lane() -> None:
         for k in claims:
             if k >= len(pieces):
                 return
-            try:
-                _copy(*pieces[k])
-            finally:
-                done[k].set()  # (on an error too: this thread must not wait for ever)
+            copy(k)
 
     futures = [_pool(lanes).submit(lane) for _ in range(lanes - 1)]
     digest = xxhash.xxh3_64()
@@ -442,10 +445,7 @@ def _copy_shared(pieces: Sequence[tuple[memoryview, memoryview]], lanes: int) ->
                 if mine >= len(pieces):
                     done[k].wait()
                     break
-                try:
-                    _copy(*pieces[mine])
-                finally:
-                    done[mine].set()
+                copy(mine)
             digest.update(part)
     finally:
         for future in futures:
