@@ -110,14 +110,15 @@ def test_restart_falls_back_then_finds_the_new_lane(
         assert c._router.lane is not None and c._router.lane.address == new_lane != old_lane
 
 
-def test_hostile_bytes_close_only_their_connection(cluster: Cluster) -> None:
-    address = cluster.stats().fast_lane
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), 5) as bad:
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+def test_hostile_bytes_close_only_their_connection(cluster: Cluster, where: str) -> None:
+    stats = cluster.stats()
+    address = stats.fast_lane if where == "tcp" else stats.fast_lane_local
+    with fastlane._connect(address, 5) as bad:
         bad.sendall(struct.pack("<I", 0xFFFFFFF0) + b"junk")  # a frame longer than allowed
         bad.settimeout(5)
         assert bad.recv(16) == b""  # the master closed it
-    with socket.create_connection((host, int(port)), 5) as s:
+    with fastlane._connect(address, 5) as s:
         s.settimeout(5)
         s.sendall(HEADER.pack(5 + 3, 7, METHODS.index("BatchLookup")) + b"\xff\xff\xff")
         n, ident, status = HEADER.unpack(_recv(s, HEADER.size))
@@ -131,6 +132,41 @@ def test_hostile_bytes_close_only_their_connection(cluster: Cluster) -> None:
     with Client(cluster.address) as c:  # everyone else is served as before
         c.put("still", b"ok")
         assert c.get("still") == b"ok"
+
+
+def test_a_client_on_the_masters_host_uses_its_unix_socket(cluster: Cluster) -> None:
+    stats = cluster.stats()
+    assert stats.fast_lane_local.startswith(fastlane.UNIX)
+    with Client(cluster.address) as c:
+        c.put("u", b"unix")
+        assert c.get("u") == b"unix"
+        lane = c._router.lane
+        assert lane is not None and lane.local == stats.fast_lane_local
+        assert lane._sock().family == socket.AF_UNIX
+
+
+def test_an_unreachable_unix_name_falls_back_to_tcp(cluster: Cluster) -> None:
+    """As from another host or network namespace: the name does not connect, so the
+    lane uses TCP, and stops trying the name."""
+    stats = cluster.stats()
+    missing = f"{fastlane.UNIX}kvstore-lane-{'0' * 16}"
+    lane = SyncLane(stats.fast_lane, 5.0, missing)
+    try:
+        reply = lane.call("Stats", master_pb2.StatsRequest())
+        assert reply.fast_lane == stats.fast_lane
+        assert lane._sock().family == socket.AF_INET and lane.local == ""
+    finally:
+        lane.close()
+
+    async def main() -> None:
+        alane = fastlane.AsyncLane(stats.fast_lane, 5.0, missing)
+        try:
+            reply = await alane.call("Stats", master_pb2.StatsRequest())
+            assert reply.fast_lane_local == stats.fast_lane_local and alane.local == ""
+        finally:
+            alane.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30.0))
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:
@@ -148,7 +184,11 @@ def test_async_client_uses_the_lane(cluster: Cluster) -> None:
             await asyncio.gather(*(c.put(f"a{i}", bytes([i]) * 100) for i in range(8)))
             values = await asyncio.gather(*(c.get(f"a{i}") for i in range(8)))
             assert values == [bytes([i]) * 100 for i in range(8)]
-            assert c._router.lane is not None and c._router.fallbacks == 0
+            lane = c._router.lane
+            assert lane is not None and c._router.fallbacks == 0
+            conn = lane._conn
+            assert conn is not None and conn.transport is not None
+            assert conn.transport.get_extra_info("socket").family == socket.AF_UNIX
             with pytest.raises(ExistsError):
                 await c.put("a0", b"again")
 
@@ -162,7 +202,7 @@ def test_master_without_lane_serves_grpc(tmp_path: Any) -> None:
     ):
         c.put("k", b"v")
         assert c.get("k") == b"v"
-        assert cluster.stats().fast_lane == ""
+        assert cluster.stats().fast_lane == cluster.stats().fast_lane_local == ""
         assert c._router.lane is None
 
 

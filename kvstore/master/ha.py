@@ -433,6 +433,7 @@ class HAMaster:
         hold_restored(state, horizon)
         servicer = MasterServicer(state, str(epoch))
         servicer.fast_lane = self.lane_address  # Stats tells clients where it is
+        servicer.fast_lane_local = self.lane.local if self.lane is not None else ""
         # The restored nodes run task workers that will poll this leader: until they do,
         # a PutEnd must still wait for their PERSIST (or it acknowledges an SSD replica
         # that no index holds yet).

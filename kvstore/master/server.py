@@ -110,6 +110,7 @@ async def _start_fast_lane(
         return None
     lane = await FastLaneServer.start(servicer, edge.split_address(address)[0])
     servicer.fast_lane = lane.address
+    servicer.fast_lane_local = lane.local
     return lane
 
 

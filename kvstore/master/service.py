@@ -45,6 +45,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         self.readers = ReaderBook(state.objects)  # who holds each read lease (own removes)
         self.broker = MoveBroker(state)  # tier moves handed to the nodes, paced
         self.fast_lane = ""  # HOST:PORT of kvstore.fastlane serving this servicer, if any
+        self.fast_lane_local = ""  # unix:@NAME: the same lane on an abstract Unix socket
         # Secured mode: data-plane capabilities on every location handed out (a key per
         # node, made at RegisterNode); insecure mode issues none and pays nothing.
         secured = not security_config.from_env().insecure
@@ -295,6 +296,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     ) -> master_pb2.StatsResponse:
         reply = stats_to_pb(self.state, self.epoch)
         reply.fast_lane = self.fast_lane
+        reply.fast_lane_local = self.fast_lane_local
         reply.extents = len(self.state.extents.live)
         reply.extent_bytes = self.state.extents.reserved_bytes()
         wl = self.state.writer_leases

@@ -317,7 +317,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[_Union[_common_pb2.NodeEndpoint, _Mapping]] = ..., ms_since_heartbeat: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete", "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "moves_in_flight", "adopted", "failed_moves", "fast_lane", "extents", "extent_bytes", "fenced_nodes", "writer_leases", "writer_lease_refusals")
+    __slots__ = ("nodes", "segments", "objects", "writing", "capacity", "used", "hits", "misses", "evictions", "reclaimed_puts", "dead_nodes", "dropped_replicas", "master_epoch", "complete", "offloads", "promotions", "promotions_skipped", "corrupt_replicas", "moves_in_flight", "adopted", "failed_moves", "fast_lane", "extents", "extent_bytes", "fenced_nodes", "writer_leases", "writer_lease_refusals", "fast_lane_local")
     NODES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,7 @@ class StatsResponse(_message.Message):
     FENCED_NODES_FIELD_NUMBER: _ClassVar[int]
     WRITER_LEASES_FIELD_NUMBER: _ClassVar[int]
     WRITER_LEASE_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    FAST_LANE_LOCAL_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
     objects: int
@@ -372,7 +373,8 @@ class StatsResponse(_message.Message):
     fenced_nodes: int
     writer_leases: int
     writer_lease_refusals: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ..., offloads: _Optional[int] = ..., promotions: _Optional[int] = ..., promotions_skipped: _Optional[int] = ..., corrupt_replicas: _Optional[int] = ..., moves_in_flight: _Optional[int] = ..., adopted: _Optional[int] = ..., failed_moves: _Optional[int] = ..., fast_lane: _Optional[str] = ..., extents: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., fenced_nodes: _Optional[int] = ..., writer_leases: _Optional[int] = ..., writer_lease_refusals: _Optional[int] = ...) -> None: ...
+    fast_lane_local: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., objects: _Optional[int] = ..., writing: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., dead_nodes: _Optional[int] = ..., dropped_replicas: _Optional[int] = ..., master_epoch: _Optional[str] = ..., complete: _Optional[int] = ..., offloads: _Optional[int] = ..., promotions: _Optional[int] = ..., promotions_skipped: _Optional[int] = ..., corrupt_replicas: _Optional[int] = ..., moves_in_flight: _Optional[int] = ..., adopted: _Optional[int] = ..., failed_moves: _Optional[int] = ..., fast_lane: _Optional[str] = ..., extents: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., fenced_nodes: _Optional[int] = ..., writer_leases: _Optional[int] = ..., writer_lease_refusals: _Optional[int] = ..., fast_lane_local: _Optional[str] = ...) -> None: ...
 
 class ListObjectsRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "prefix")
