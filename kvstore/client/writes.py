@@ -337,7 +337,7 @@ def _write_in_extent(
     for i, item, status in zip(ok, items, reply.results, strict=True):
         results[i] = err = error_for(status.code, status.message)
         if err is None and lease_s > 0:  # held for a margin short of the lease (locations)
-            loc = replace(locs[i], capability=b"")
+            loc = locs[i] if not locs[i].capability else replace(locs[i], capability=b"")
             ctx.locations.put(keys[i], sizes[i], item.checksum, (loc,), lease_s)
     holder.fallbacks += len(retry)
     return retry
