@@ -13,7 +13,11 @@ operation's wall time splits into:
     other     the rest: Python in the client (building requests, bookkeeping)
 
 `--cprofile N` also prints the top N functions by cumulative time of the get and
-put loops. Results: a table, and with --json one JSON object.
+put loops. Each phase also reports CPU per operation: this client thread's
+(`time.thread_time`) and the master process's (/proc, 10 ms ticks: use --ops >= 1000
+for a figure to within a few percent); their sum against the wall time says how much
+of an operation is Python on either side and how much is waiting (sockets, wake-ups).
+Results: a table, and with --json one JSON object.
 
     python bench/profile_ops.py [--size-kib 1024] [--ops 200] [--transport auto|tcp]
 """
@@ -25,6 +29,7 @@ import contextlib
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -81,8 +86,14 @@ def instrument(client: Client, stages: Stages) -> None:
     reads._copy_hashed = lambda d, s, loc, *a: stages.timed("local", lambda: copy(d, s, loc, *a))  # type: ignore[assignment]
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def pool(dram_mib: int) -> Iterator[str]:
+def pool(dram_mib: int) -> Iterator[tuple[str, int]]:
     kv = [sys.executable, "-m", "cli.main"]
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     quiet = {"stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL, "env": env}
@@ -99,7 +110,7 @@ def pool(dram_mib: int) -> Iterator[str]:
             for line in node.stdout:
                 if line.startswith(b"kvstore node "):
                     break
-        yield address
+        yield address, master.pid
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -111,19 +122,24 @@ def pool(dram_mib: int) -> Iterator[str]:
 
 
 def run_phase(
-    name: str, ops: int, fn: Callable[[int], None], stages: Stages, profile: int
-) -> dict[str, Any]:
+    name: str, ops: int, fn: Callable[[int], None], stages: Stages, profile: int,
+    master_pid: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     stages.reset()
     lat = []
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
+    m0 = process_cpu_s(master_pid) if master_pid else 0.0
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     for i in range(ops):
         s = time.perf_counter()
         fn(i)
         lat.append(time.perf_counter() - s)
     wall = time.perf_counter() - t0
+    client_cpu = time.thread_time() - c0
+    master_cpu = process_cpu_s(master_pid) - m0 if master_pid else 0.0
     if prof:
         prof.disable()
         out = io.StringIO()
@@ -138,14 +154,17 @@ def run_phase(
         "us_per_op": wall / ops * 1e6,
         "p50_us": statistics.median(lat) * 1e6,
         "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
+        "client_cpu_us": client_cpu / ops * 1e6,
+        "master_cpu_us": master_cpu / ops * 1e6,
         "stages_us": dict(sorted(per_op.items())),
         "calls_per_op": {k: v / ops for k, v in sorted(stages.calls.items())},
     }
 
 
 def measure(
-    address: str, size: int, ops: int, transport: str, profile: int, own: int = 0
-) -> list[dict[str, Any]]:
+    address: str, size: int, ops: int, transport: str, profile: int, own: int = 0,
+    master_pid: int = 0,
+) -> list[dict[str, Any]]:  # fmt: skip
     stages = Stages()
     buf = np.random.default_rng(0).integers(0, 255, size * 2, dtype=np.uint8)
     out = np.empty(size, dtype=np.uint8)
@@ -158,9 +177,21 @@ def measure(
         c.get_into(f"{prefix}-warm", out)
         rows = [
             run_phase(
-                "put", ops, lambda i: c.put_from(f"{prefix}-{i}", buf, 0, size), stages, profile
+                "put",
+                ops,
+                lambda i: c.put_from(f"{prefix}-{i}", buf, 0, size),
+                stages,
+                profile,
+                master_pid,
             ),
-            run_phase("get", ops, lambda i: c.get_into(f"{prefix}-{i}", out), stages, profile),
+            run_phase(
+                "get",
+                ops,
+                lambda i: c.get_into(f"{prefix}-{i}", out),
+                stages,
+                profile,
+                master_pid,
+            ),
         ]
         assert bytes(out) == bytes(buf[:size]), "the last get read wrong bytes"
     return rows
@@ -181,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     size = args.size_kib << 10
     dram_mib = max(256, size * (args.ops + 2) * 2 // MiB)
     own = dram_mib << 20 if args.placement == "own" else 0
-    with pool(0 if own else dram_mib) as address:
-        rows = measure(address, size, args.ops, args.transport, args.cprofile, own)
+    with pool(0 if own else dram_mib) as (address, master_pid):
+        rows = measure(address, size, args.ops, args.transport, args.cprofile, own, master_pid)
     if args.json:
         print(json.dumps({"bench": "profile_ops", "size": size, "transport": args.transport,
                           "placement": args.placement, "rows": rows}))  # fmt: skip
@@ -192,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         parts = ", ".join(f"{k} {v:.0f}" for k, v in r["stages_us"].items())
         print(f"{r['phase']}: {r['us_per_op']:.0f} us/op (p50 {r['p50_us']:.0f}, "
-              f"p99 {r['p99_us']:.0f}) = {parts}")  # fmt: skip
+              f"p99 {r['p99_us']:.0f}) = {parts}; cpu: client {r['client_cpu_us']:.0f}, "
+              f"master {r['master_cpu_us']:.0f}")  # fmt: skip
     return 0
 
 
