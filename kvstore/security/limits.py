@@ -136,7 +136,7 @@ class Limits:
         self.reply_cap = config.max_message_bytes - min(REPLY_MARGIN, config.max_message_bytes // 4)
         self.location_max = config.max_id_bytes + config.max_segment_name_bytes + LOCATION_OVERHEAD
         self._loc = (-1, 0)
-        self._keys: list[str] | None = None
+        self._given: list[str] | None = None  # the guard's list of the request's keys
         self._items: Items | None = None
         self._checks: dict[str, Callable[[Any], None]] = {
             "RegisterNode": self._register, "Heartbeat": self._node_only,
@@ -165,7 +165,7 @@ class Limits:
         """Raise the typed error of the first limit `request` passes; `keys` is its `keys`
         field as a list and `items` its items as columns, when the caller has them (the
         guard shares them with authz and the quotas)."""
-        self._keys = keys
+        self._given = keys
         self._items = items
         fn = self._checks.get(method)
         if fn is not None:
@@ -183,7 +183,7 @@ class Limits:
     def keys(self, keys: Any, hint: int, what: str = "key") -> None:
         self.batch(len(keys))
         check_strs(
-            what, self._keys if self._keys is not None else keys, self.cfg.max_key_bytes, hint
+            what, self._given if self._given is not None else keys, self.cfg.max_key_bytes, hint
         )
 
     def segment_name(self, name: str) -> None:
@@ -322,7 +322,7 @@ class Limits:
         replicas = min(MAX_REPLICAS, len(self.state.registry.segments)) * self.location()
         per_hit = self.cfg.max_group_bytes + replicas  # a hit carries its group and replicas
         if hint + n * (RESULT_OVERHEAD + per_hit) > self.reply_cap:
-            self.reply("BatchLookup", self._lookup_bytes(self._keys or keys))
+            self.reply("BatchLookup", self._lookup_bytes(self._given or keys))
 
     def _lookup_bytes(self, keys: Any) -> int:
         """The reply's size, key by key (only for batches whose static bound is too big)."""

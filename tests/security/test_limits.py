@@ -105,6 +105,8 @@ def test_keys_groups_and_batches(master) -> None:  # type: ignore[no-untyped-def
     for method, req in [
         ("PutEnd", master_pb2.PutEndRequest(client_id="c", keys=["k" * 2000])),
         ("Remove", master_pb2.RemoveRequest(keys=["k" * 2000])),
+        ("Pin", master_pb2.PinRequest(keys=["k" * 2000])),
+        ("Unpin", master_pb2.UnpinRequest(keys=["k" * 2000])),
         ("MatchPrefix", master_pb2.MatchPrefixRequest(keys=["k" * 2000])),
         ("ListObjects", master_pb2.ListObjectsRequest(prefix="p" * 2000)),
         ("Inspect", master_pb2.InspectRequest(key="k" * 2000)),
