@@ -42,7 +42,7 @@ def byte_view(obj: object, *, writable: bool = False, what: str = "buffer") -> m
     elif isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise BadRequestError(f"{what} array must be C-contiguous")
-        view = memoryview(obj.reshape(-1).view(np.uint8))
+        view = obj.reshape(-1).view(np.uint8).data
     else:
         try:
             view = memoryview(obj)  # type: ignore[arg-type]

@@ -105,7 +105,7 @@ def tier_from_pb(value: int) -> Tier:
 
 def to_pb_location(loc: Location) -> common_pb2.Location:
     return common_pb2.Location(
-        node_id=loc.node_id, tier=int(loc.tier), segment=loc.segment,
+        node_id=loc.node_id, tier=int(loc.tier), segment=loc.segment,  # type: ignore[arg-type]  # proto enum: an int
         offset=loc.offset, length=loc.length,
     )  # fmt: skip
 

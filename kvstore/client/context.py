@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvstore.client.config import ClientConfig
 from kvstore.client.datapath import DataPath
@@ -56,6 +57,6 @@ def moved(ctx: OpContext, locs: Sequence[Location]) -> Op[list[bool]]:
     return [new is not None and new != old for old, new in zip(before, after, strict=True)]
 
 
-def call(method: str, request: object) -> Op[object]:
+def call(method: str, request: object) -> Op[Any]:
     """An operation of one master call."""
     return (yield Rpc(method, request))

@@ -53,7 +53,7 @@ def _start_request(
             pin_ttl_ms=int(opts.pin_ttl_s * 1000),
         )  # fmt: skip
         if opts.tier is not None:
-            item.tier = int(opts.tier)
+            item.tier = int(opts.tier)  # type: ignore[assignment]  # proto enum: an int
         items.append(item)
     return master_pb2.PutStartRequest(client_id=ctx.config.id, client_node=ctx.node_id, items=items)
 

@@ -300,8 +300,8 @@ def _read_whole(c: Any, keys: Sequence[str]) -> list[memoryview | int]:
     if not keys:
         return []
     sizes = [s or 0 for s in c.run(c.ops.batch_size_of(list(keys)))]
-    bufs = [memoryview(bytearray(s)) if s else None for s in sizes]
-    idx = [i for i, b in enumerate(bufs) if b is not None]
+    bufs = {i: memoryview(bytearray(s)) for i, s in enumerate(sizes) if s}
+    idx = list(bufs)
     out: list[memoryview | int] = [NOT_FOUND] * len(keys)
     for i, r in zip(idx, c.batch_get_into([keys[i] for i in idx], [bufs[i] for i in idx]),
                     strict=True):  # fmt: skip

@@ -62,7 +62,7 @@ def put_parts_op(
             pin_ttl_ms=int(opts.pin_ttl_s * 1000),
         )  # fmt: skip
         if opts.tier is not None:
-            item.tier = int(opts.tier)
+            item.tier = int(opts.tier)  # type: ignore[assignment]  # proto enum: an int
         items.append(item)
     request = master_pb2.PutStartRequest(client_id=ctx.config.id, client_node=ctx.node_id,
                                          items=items)  # fmt: skip
@@ -225,7 +225,7 @@ def _read(ctx: OpContext, plan: Sequence[_Read], parts: Sequence[Parts],
     for i, loc, _, checksum in plan:
         if i in mapped or not isinstance(results[i], int):
             continue
-        verify = checksum and (force or loc.tier == Tier.SSD or ctx.config.verify_dram)
+        verify = bool(checksum) and (force or loc.tier == Tier.SSD or ctx.config.verify_dram)
         if verify and digest(targets[i]) != checksum:
             results[i] = CorruptError(f"the replica in {loc.segment!r} fails its checksum")
     served = [i for i, loc, _, _ in plan if loc.tier == Tier.SSD and isinstance(results[i], int)]

@@ -269,6 +269,7 @@ class Decision:
 class Policy(Protocol):
     """A placement policy; `place` raises RejectedError when it rejects."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # a class attribute in the policies (PolicyBase.name)
 
     def place(self, req: Request, view: ClusterView) -> Decision: ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +102,7 @@ class FleetRunner:
             body["cache_salt"] = plan.tenant
         return body
 
-    async def run(self, plan: EnginePlan) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+    async def run(self, plan: EnginePlan) -> AsyncGenerator[cpb.ConductorGenerateResponse, None]:
         """Stream the engine's tokens; the first message carries the placement, the last
         the timings (cached tokens from vLLM's usage)."""
         node, rid = plan.engine.node_id, plan.spec.request_id
@@ -156,7 +156,7 @@ class FleetRunner:
         t = plan.timings
         t.route_s, t.total_s = plan.route_s, now
         t.prompt_tokens = len(plan.spec.prompt_token_ids)
-        message = cpb.ConductorGenerateResponse(index=index, finish_reason=finish)
+        message = cpb.ConductorGenerateResponse(index=index, finish_reason=finish)  # type: ignore[arg-type]  # proto enum: an int
         if index == 0:  # nothing came back: still say where it ran
             message.placement.CopyFrom(self.placement(plan))
         message.timings.CopyFrom(t)

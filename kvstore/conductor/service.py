@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 
@@ -126,7 +126,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
         request: cpb.ConductorGenerateRequest,
         context: grpc.aio.ServicerContext,
         arrival: float,
-    ) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+    ) -> AsyncGenerator[cpb.ConductorGenerateResponse, None]:
         """Place the request; the token stream of where it runs."""
         tenant = tenant_of(context.invocation_metadata())
         fleet = self.fleet_runner
@@ -277,7 +277,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
 
     # -- driving the nodes -------------------------------------------------------------
 
-    async def _run_remote(self, plan: Plan) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+    async def _run_remote(self, plan: Plan) -> AsyncGenerator[cpb.ConductorGenerateResponse, None]:
         """Prefill on the prefill node, relay its first token, then relay Decode's stream."""
         self.counters.remote_prefills += 1
         pre = await self._prefill(plan)
@@ -315,7 +315,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
             call.cancel()  # a no-op once done; stops the prefill when the client went away
             self.ledger.finish_prefill(node.info.node_id, rid)
 
-    async def _run_local(self, plan: Plan) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+    async def _run_local(self, plan: Plan) -> AsyncGenerator[cpb.ConductorGenerateResponse, None]:
         """Generate on the decode node: it prefills the prompt itself, then decodes."""
         self.counters.local_prefills += 1
         node = plan.decode
@@ -338,7 +338,7 @@ class ConductorServicer(conductor_pb2_grpc.ConductorServicer):
 
     async def _relay(
         self, plan: Plan, call: grpc.aio.UnaryStreamCall, skip_first: bool
-    ) -> AsyncIterator[cpb.ConductorGenerateResponse]:
+    ) -> AsyncGenerator[cpb.ConductorGenerateResponse, None]:
         """Relay a node's token stream; the last message carries the timings."""
         node = plan.decode
         assert node.info is not None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TypeAlias
 
 import grpc
 
@@ -15,7 +16,7 @@ from kvstore.master.model import ObjectMeta
 from kvstore.rpc_errors import translate
 from kvstore.v1 import master_pb2
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 log = logging.getLogger("kvstore.master")
 
 
@@ -92,7 +93,7 @@ class AdminRpcs:
 def object_info(o: ObjectMeta, now: float) -> master_pb2.ObjectInfo:
     """An ObjectInfo; fields the core may not carry yet (checksum, slow_hits) default to 0."""
     return master_pb2.ObjectInfo(
-        key=o.key, size=o.size, state=int(o.state), group=o.group,
+        key=o.key, size=o.size, state=int(o.state), group=o.group,  # type: ignore[arg-type]  # proto enum: an int
         replicas=[to_pb_location(loc) for loc in o.replicas],
         lease_ms_left=leases.ms_left(o.lease_until, now),
         pin_ms_left=leases.ms_left(o.pin_until, now),

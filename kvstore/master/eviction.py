@@ -43,7 +43,7 @@ class GroupIndex:
         self._next_gid = 0
         self._grouped = 0  # rows that belong to named groups
         self._log = np.zeros(1024, np.int32)
-        self._log_v = memoryview(self._log)
+        self._log_v = self._log.data
         self._head = self._tail = 0
         self._base = 0  # log position of _log[0]
         self._iterating = 0  # open oldest_first() iterations (no compaction meanwhile)
@@ -228,7 +228,7 @@ class GroupIndex:
             grown = zeros(max(2 * len(self._log), 2 * need), np.int32)
             grown[: self._tail] = self._log[: self._tail]
             self._log = grown
-            self._log_v = memoryview(grown)
+            self._log_v = grown.data
 
     def _compact(self) -> None:
         """Keep live entries only, at the front; positions move on past all old ones."""

@@ -148,7 +148,7 @@ class RocksJournal:
         self._db.delete(object_key(key))
 
     def load(self) -> Snapshot:
-        return snapshot_of(self._db.items())
+        return snapshot_of(self._db.items())  # type: ignore[arg-type]  # bytes pairs; its stub says otherwise
 
     def close(self) -> None:
         self._db.close()

@@ -112,11 +112,11 @@ class KeyIndex:
         self._views()
 
     def _views(self) -> None:
-        self._table_v = memoryview(self._table)
-        self._hash_v = memoryview(self.hash)
-        self._off_v = memoryview(self.off)
-        self._len_v = memoryview(self.length)
-        self._arena_v = memoryview(self._arena)
+        self._table_v = self._table.data
+        self._hash_v = self.hash.data
+        self._off_v = self.off.data
+        self._len_v = self.length.data
+        self._arena_v = self._arena.data
 
     @property
     def arena(self) -> np.ndarray:

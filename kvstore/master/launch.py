@@ -20,6 +20,7 @@ import argparse
 import logging
 import sys
 from dataclasses import fields
+from typing import Any
 
 from kvstore.errors import BadRequestError, ExistsError, KVStoreError, UnavailableError
 from kvstore.master.config import MasterConfig
@@ -81,9 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def overrides(args: argparse.Namespace) -> dict[str, float]:
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """MasterConfig fields from parsed flags (--set wins over a named flag)."""
-    out: dict[str, float] = {field: getattr(args, flag) for flag, field in _NAMED.items()}
+    out: dict[str, Any] = {field: getattr(args, flag) for flag, field in _NAMED.items()}
     for item in args.set:
         name, sep, value = item.partition("=")
         if not sep or name not in SETTABLE:

@@ -50,7 +50,7 @@ from kvstore.master.objects import ObjectTable
 from kvstore.master.placement import place, rank_segments
 from kvstore.master.tiering import MoveResult, Tiering, is_durable, same_replica
 from kvstore.master.writerleases import WriterLeases
-from kvstore.types import Location, Tier, check_key
+from kvstore.types import Location, ObjectKey, Tier, check_key
 
 Clock = Callable[[], float]
 KeyError_ = KVStoreError | None
@@ -334,7 +334,9 @@ class MasterState:
         the fastest tier), but only to a memory tier and never by evicting: when that
         place is an SSD or full, None. At most a 16th of the segment it lands in."""
         ranked = rank_segments(
-            self.registry.live_segments(), PutItem(f"extent/{client_id}", min_size), client_node
+            self.registry.live_segments(),
+            PutItem(ObjectKey(f"extent/{client_id}"), min_size),
+            client_node,
         )
         if not ranked or ranked[0].tier == Tier.SSD:
             return None

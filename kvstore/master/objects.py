@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,23 @@ class Usage:
 class ObjectTable(Mapping[str, ObjectMeta]):
     """Rows of objects; `index` maps keys to row ids."""
 
+    # Each column's scalar view (`_grow` sets one per name in COLUMNS: `<name>_v`): a
+    # memoryview of the column, typed Any since its items are ints or floats by column.
+    size_v: Any
+    offset_v: Any
+    lru_v: Any
+    checksum_v: Any
+    lease_v: Any
+    pin_v: Any
+    started_v: Any
+    state_v: Any
+    seg_v: Any
+    group_v: Any
+    writer_v: Any
+    reader_v: Any
+    slow_v: Any
+    hits_v: Any
+
     def __init__(self, per_tenant: bool = False) -> None:
         self.index = KeyIndex()
         self.usage = Usage(per_tenant)
@@ -145,7 +163,7 @@ class ObjectTable(Mapping[str, ObjectMeta]):
         self.capacity = size
         self.index.reserve_ids(size)
         for name, col in self.col.items():  # scalar access: memoryviews give Python numbers
-            setattr(self, f"{name}_v", memoryview(col))
+            setattr(self, f"{name}_v", col.data)
 
     def new_ids(self, n: int) -> np.ndarray:
         """`n` free row ids (recycled ones first)."""

@@ -15,6 +15,7 @@ import logging
 import signal
 import uuid
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvstore import edge
 from kvstore.errors import BadRequestError
@@ -131,7 +132,7 @@ async def _tick_forever(servicer: MasterServicer, interval_s: float) -> None:
 
 def run_master(
     listen: str, db_path: str | None = None, *, metrics_listen: str | None = None,
-    config: MasterConfig | None = None, ha: HAConfig | None = None, **overrides: float,
+    config: MasterConfig | None = None, ha: HAConfig | None = None, **overrides: Any,
 ) -> None:  # fmt: skip
     """Blocking entry point (for `kvstore master`): serve until SIGINT or SIGTERM (signal
     handlers need the main thread; elsewhere, until KeyboardInterrupt), then stop cleanly.

@@ -187,7 +187,7 @@ def miss_result(key: str) -> master_pb2.LookupResult:
     from kvstore.rpc_errors import code_for
 
     err = NotFoundError(f"unknown key {key!r}")
-    status = master_pb2.KeyStatus(code=code_for(err), message=str(err))
+    status = master_pb2.KeyStatus(code=code_for(err), message=str(err))  # type: ignore[arg-type]  # proto enum: an int
     return master_pb2.LookupResult(status=status)
 
 

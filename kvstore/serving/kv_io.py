@@ -36,7 +36,7 @@ def object_keys(ref: str, num_layers: int, layered: bool) -> list[str]:
 
 def byte_view(t: torch.Tensor) -> memoryview:
     """Writable byte view of a contiguous host tensor (no copy)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return t.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def snapshot(kv: HbmKVPool, block_ids: Sequence[int], layer: int | None) -> list[torch.Tensor]:

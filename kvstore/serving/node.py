@@ -17,7 +17,7 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -99,11 +99,13 @@ def open_store(args: argparse.Namespace, node_id: str) -> BlockStore | None:
             client_id=node_id,
         )
     if args.local_store_bytes:
+        from kvstore.tiers.base import ObjectTier
         from kvstore.tiers.dram import DramConfig, DramTier
         from kvstore.tiers.tiered import TieredStore
 
         tier = DramTier(DramConfig(capacity_bytes=args.local_store_bytes))
-        return LocalBlockStore(TieredStore([tier]))
+        # DramTier takes its own handle type where ObjectTier says any WriteHandle
+        return LocalBlockStore(TieredStore([cast(ObjectTier, tier)]))
     return None
 
 

@@ -18,6 +18,7 @@ Per request (one at a time, on the caller's thread):
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -183,8 +184,12 @@ class PrefillWorker:
                 ids,
                 pos,
                 self.kv.layers,
-                lambda i, full=full, tail=tail: self._publish_layer(
-                    i, full, hashes, ids, tail_key if tail else ""
+                functools.partial(
+                    self._publish_layer,
+                    full=full,
+                    hashes=hashes,
+                    ids=ids,
+                    tail_key=tail_key if tail else "",
                 ),
             )
         assert logits is not None

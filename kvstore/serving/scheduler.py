@@ -17,6 +17,7 @@ loader thread, except the tail removal of a cancelled or failed job.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -323,7 +324,7 @@ class DecodeScheduler:
             if budget <= 0:
                 return
             take = min(budget, len(job.req.prompt) - job.prefilled)
-            self._guard(job, lambda j, n=take: self._local_prefill(j, n))
+            self._guard(job, functools.partial(self._local_prefill, tokens=take))
             budget -= take
 
     def _local_prefill(self, job: DecodeJob, tokens: int) -> None:

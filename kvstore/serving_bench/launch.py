@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from kvstore.errors import UnavailableError
 
@@ -77,14 +78,14 @@ class Launcher:
         ]
 
     def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[str]:
-        stderr = subprocess.DEVNULL
+        stderr: int | IO[str] = subprocess.DEVNULL
         if self.log_dir is not None:
             stderr = open(os.path.join(self.log_dir, f"{name}.log"), "w")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, *argv], stdout=subprocess.PIPE, stderr=stderr, text=True,
             cwd=REPO, env=_env(),
         )  # fmt: skip
-        if stderr is not subprocess.DEVNULL:
+        if not isinstance(stderr, int):
             stderr.close()
         self.procs.append((name, proc))
         return proc

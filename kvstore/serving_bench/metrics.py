@@ -157,10 +157,12 @@ def summarize(records: Iterable[RequestRecord], kinds: Sequence[str] = ()) -> Su
         failed=len(chosen) - len(ok),
         ttft=Dist.of([r.ttft_s for r in ok]),
         tbt=Dist.of([gap for r in ok for gap in r.tbt_s()]),
-        prefill_ttft=Dist.of([r.prefill_done_s - r.sent_s for r in handoff]),
+        prefill_ttft=Dist.of(
+            [d - r.sent_s for r in handoff if (d := r.prefill_done_s) is not None]
+        ),
         compute=Dist.of([r.compute_s for r in ok if r.compute_s > 0]),
         node_queue=Dist.of([r.node_queue_s for r in ok if r.compute_s > 0]),
-        handoff=Dist.of([r.token_s[0] - r.prefill_done_s for r in handoff]),
+        handoff=Dist.of([r.token_s[0] - d for r in handoff if (d := r.prefill_done_s) is not None]),
         kv_fraction=Dist.of([f[0] for f in fractions]),
         kv_exposed=Dist.of([f[1] for f in fractions]),
         kv_bytes=sum(r.kv_bytes for r in ok),

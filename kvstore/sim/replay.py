@@ -9,6 +9,7 @@ cache- and load-aware routing and runs the full Mooncake trace in seconds.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,7 +166,7 @@ def simulate(
         cluster.submit(job)
 
     for r in ok:
-        cluster.loop.at(r.arrival_s, lambda r=r: arrive(r))
+        cluster.loop.at(r.arrival_s, functools.partial(arrive, r))
     if control is not None:
         _schedule_control(cluster, ok, control)
     cluster.loop.run()
@@ -181,7 +182,7 @@ def _schedule_control(cluster: SimCluster, reqs: Sequence[TraceRequest], ctl: Co
     for k in range(1, ticks + 1):
         t = k * ctl.period_s
         seen = [r for r in reqs if t - ctl.period_s <= r.arrival_s < t]
-        cluster.loop.at(t, lambda seen=seen: ctl.fn(cluster, seen))
+        cluster.loop.at(t, functools.partial(ctl.fn, cluster, seen))
 
 
 @dataclass(frozen=True, slots=True)

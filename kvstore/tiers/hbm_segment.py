@@ -54,7 +54,7 @@ class HbmSegment:
         """The bytes as host memory (CPU device only); None on a GPU."""
         if not self._host:
             return None
-        return memoryview(self.tensor.numpy()).cast("B")
+        return self.tensor.numpy().data.cast("B")
 
     def _check(self, offset: int, length: int) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:

@@ -77,7 +77,8 @@ class SsdIndex:
     def __init__(self, path: str, sync: bool = False) -> None:
         self._path = path
         self._write = WriteOptions()
-        self._write.disable_wal = False
+        # properties at run time (rocksdict's stub declares disable_wal a method)
+        self._write.disable_wal = False  # type: ignore[method-assign, assignment]
         self._write.sync = sync
         self._undo: list[tuple[str, IndexEntry | None]] = []  # (key, entry to restore)
         self._db: Rdict | None = self._open()
@@ -150,7 +151,7 @@ class SsdIndex:
             self._heal()
         assert self._db is not None
         for raw_key, raw_value in self._db.items():
-            yield bytes(raw_key).decode(), IndexEntry.decode(bytes(raw_value))
+            yield bytes(raw_key).decode(), IndexEntry.decode(bytes(raw_value))  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._db is not None:

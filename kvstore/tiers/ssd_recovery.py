@@ -18,7 +18,7 @@ from kvstore.tiers.allocator import OffsetAllocator
 from kvstore.tiers.direct_io import AlignedBuffer
 from kvstore.tiers.ssd_handles import SsdObject, SsdWriteHandle
 from kvstore.tiers.ssd_index import IndexEntry, SsdIndex, checksum_of
-from kvstore.types import check_key
+from kvstore.types import ObjectKey, check_key
 
 Placed = tuple[str, SsdObject]
 # (offset, padded size) -> those slab bytes in a new buffer
@@ -125,9 +125,9 @@ def _verify(placed: list[Placed], read: ReadRange) -> tuple[list[Placed], list[P
 
 
 def check_consistency(
-    objects: Mapping[str, SsdObject],
+    objects: Mapping[ObjectKey, SsdObject],
     doomed: Mapping[int, SsdObject],
-    writing: Mapping[str, SsdWriteHandle | None],
+    writing: Mapping[ObjectKey, SsdWriteHandle | None],
     alloc: OffsetAllocator,
     index: SsdIndex,
 ) -> None:

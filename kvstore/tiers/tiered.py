@@ -154,9 +154,9 @@ class TieredStore:
             if result is not None:
                 return kind, result
         with self._lock:
-            kind = self.tier_of(key)
-            result = None if kind is None else read(self._tiers[kind])
-        return None if kind is None or result is None else (kind, result)
+            found = self.tier_of(key)
+            result = None if found is None else read(self._tiers[found])
+        return None if found is None or result is None else (found, result)
 
     def batch_get(self, keys: Sequence[ObjectKey]) -> list[bytes | None]:
         return [self.get(key) for key in keys]
