@@ -15,6 +15,7 @@ test: setup
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 proto:
 	$(PY) -m kvstore.v1.regen

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -37,6 +38,10 @@ __all__ = ["MasterServicer", "from_pb_location", "stats_to_pb", "to_pb_location"
 
 class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     """Thin adapter over one `MasterState`; the epoch changes per master start."""
+
+    # kvstore.security.guard.MasterGuard, set by whoever serves this servicer (the fast
+    # lane routes its calls through it as the gRPC interceptor does); None: not guarded.
+    guard: Any = None
 
     def __init__(self, state: MasterState, epoch: str) -> None:
         self.state = state
