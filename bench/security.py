@@ -79,9 +79,12 @@ async def prepare(address: str, node: SecurityConfig | None, writer: SecurityCon
             await stub.PutEnd(master_pb2.PutEndRequest(client_id=who, keys=part))
 
 
-async def lookups(address: str, sec: SecurityConfig | None, keys: list[str], batch: int,
-                  seconds: float, inflight: int) -> float:  # fmt: skip
-    """Looked-up keys per second, `inflight` batches at a time, for `seconds`."""
+async def lookups(
+    address: str, sec: SecurityConfig | None, keys: list[str], batch: int, seconds: float,
+    inflight: int, pid: int = 0,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(looked-up keys per second, `inflight` batches at a time, for `seconds`; CPU
+    microseconds per batch of the master process `pid` and of this process)."""
     batches = [keys[i : i + batch] for i in range(0, len(keys), batch)]
     done = 0
     async with aio_channel(address, sec) as ch:
@@ -100,9 +103,12 @@ async def lookups(address: str, sec: SecurityConfig | None, keys: list[str], bat
                 done += len(res.results)
                 i += inflight
 
-        start = time.perf_counter()
+        start, cpu0, own0 = time.perf_counter(), _cpu_s(pid) if pid else 0.0, time.process_time()
         await asyncio.gather(*(worker(w) for w in range(inflight)))
-        return done / (time.perf_counter() - start)
+        elapsed, batches = time.perf_counter() - start, done / batch
+        master_cpu = (_cpu_s(pid) - cpu0) if pid else 0.0
+        own_cpu = time.process_time() - own0
+        return done / elapsed, master_cpu / batches * 1e6, own_cpu / batches * 1e6
 
 
 DATA_TARGET = 0.85
@@ -410,19 +416,34 @@ def main() -> int:
             asyncio.run(prepare(addr, node, client, who, keys, args.batch))
             addrs[name], keysets[name] = addr, keys
         rates: dict[str, list[float]] = {n: [] for n in modes}
+        cpu: dict[str, list[float]] = {n: [] for n in modes}  # master CPU us per batch
+        client_cpu: dict[str, list[float]] = {n: [] for n in modes}
         for _ in range(args.rounds):
-            for name in modes:
+            for name, proc in zip(modes, procs, strict=True):
                 run = lookups(addrs[name], modes[name][2], keysets[name], args.batch,
-                              args.seconds, args.inflight)  # fmt: skip
-                rates[name].append(asyncio.run(run))
+                              args.seconds, args.inflight, proc.proc.pid)  # fmt: skip
+                rate, master_us, client_us = asyncio.run(run)
+                rates[name].append(rate)
+                cpu[name].append(master_us)
+                client_cpu[name].append(client_us)
     finally:
         for proc in procs:
             proc.stop()
     med = {n: statistics.median(r) for n, r in rates.items()}
+    cpu_med = {n: statistics.median(r) for n, r in cpu.items()}
+    client_med = {n: statistics.median(r) for n, r in client_cpu.items()}
     out = {
         "keys_per_s": med, "rounds": rates, "batch": args.batch,
         "mtls_vs_insecure": med["mtls"] / med["insecure"],
         "token_vs_insecure": med["token"] / med["insecure"], "target": TARGET,
+        "master_cpu_us_per_batch": cpu_med, "master_cpu_rounds": cpu,
+        "client_cpu_us_per_batch": client_med,
+        # CPU per batch of master + client, insecure's over this mode's: what the
+        # throughput ratio would be on cores of their own (steadier on a shared host)
+        "cpu_vs_insecure": {
+            n: (cpu_med["insecure"] + client_med["insecure"]) / (cpu_med[n] + client_med[n])
+            for n in modes
+        },
     }  # fmt: skip
     if args.json:
         print(json.dumps(out, sort_keys=True))
@@ -431,7 +452,9 @@ def main() -> int:
           f"median of {args.rounds} rounds x {args.seconds} s")  # fmt: skip
     for name, value in med.items():
         ratio = value / med["insecure"]
-        print(f"  {name:<9} {value:>12,.0f} keys/s  {ratio:.2f}x of insecure")
+        print(f"  {name:<9} {value:>12,.0f} keys/s  {ratio:.2f}x of insecure;  CPU us per "
+              f"batch: master {cpu_med[name]:,.0f}, client {client_med[name]:,.0f} "
+              f"({out['cpu_vs_insecure'][name]:.2f}x)")  # fmt: skip
     print(f"target: mTLS >= {TARGET}x of insecure -> "
           f"{'met' if out['mtls_vs_insecure'] >= TARGET else 'missed'}")  # fmt: skip
     return 0
