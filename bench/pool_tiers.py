@@ -17,7 +17,7 @@ Rows:
   tiered (DRAM + SSD, offload + promotion), DRAM only (same DRAM), and one flat
   tier of the same total capacity (all DRAM).
 
-    python bench/pool_tiers.py [--quick] [--dir DIR] [--out bench/out/pool_tiers]
+    python bench/pool_tiers.py [--quick] [--dir DIR] [--out bench/out/pool_tiers] [--only tiers]
 
 Writes <out>.json and <out>.png and prints a table. Targets (issue 8): SSD get/put
 >= 0.7x raw O_DIRECT at >= 1 MiB; DRAM get >= 0.7x memcpy with checksums on; Zipf
@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="directory on the disk under test")
     p.add_argument("--out", default="bench/out/pool_tiers", help="output path stem")
     p.add_argument("--rounds", type=int, default=3, help="repeats per row (median)")
+    p.add_argument(
+        "--only", choices=("all", "tiers"), default="all",
+        help="tiers: only the per-size rows (one per call and batched), no offload or Zipf",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -345,6 +349,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "ssd_batch_put_vs_raw": rows["ssd_batch_put"] / raw_w16,
             "ssd_batch_get_vs_raw": rows["ssd_batch_get"] / raw_r16,
         }  # fmt: skip
+    if args.only == "tiers":
+        return result
     raw_w = raw_direct_rates(root, MIB, 64, args.rounds)[0]
     off = offload_rate(root, 32 if args.quick else 96)
     result["offload"] = {**off, "raw_direct_write": raw_w, "vs_raw": off["gbps"] / raw_w}
@@ -383,6 +389,8 @@ def print_table(r: dict[str, object]) -> None:
             f"SSD get {row['ssd_batch_get']:6.2f} ({row['ssd_batch_get_vs_raw']:.2f}x raw qd16 "
             f"{row['raw_direct_read_qd16']:.2f})"
         )
+    if "offload" not in r:
+        return
     off = r["offload"]
     print(f"offload DRAM->SSD: {off['gbps']:.2f} GB/s ({off['offloaded_objects']:.0f} x 1 MiB), "  # type: ignore[index]
           f"{off['vs_raw']:.2f}x raw O_DIRECT write")  # type: ignore[index]  # fmt: skip
@@ -414,6 +422,10 @@ def plot(r: dict[str, object], path: str) -> None:
     ax1.set_xticks(x + 0.36, labels)
     ax1.set_ylabel("ratio to baseline (same run)")
     ax1.legend(fontsize=7)
+    if "zipf" not in r:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        return
     z = r["zipf"]  # type: ignore[assignment]
     modes = ["tiered", "dram_only", "flat"]
     ax2.bar(modes, [z[m]["hit_ratio"] for m in modes])  # type: ignore[index]

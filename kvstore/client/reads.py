@@ -4,6 +4,12 @@ One BatchLookup and one transfer batch per call; keys whose READ failed are retr
 on their next replica (after one directory refresh) in another single batch, until
 every key succeeded or ran out of replicas. Replicas this host can map (its own
 DRAM segments) are tried first, then faster tiers.
+
+Keys in the location cache (kvstore.client.locations) are read first with no master
+call, every byte checked against the object's checksum; one that fails (or whose read
+fails) is dropped from the cache and looked up. SSD replicas are cached too: the reads
+served from them are reported with the next lookup (BatchLookupRequest.cached_keys),
+and the read that makes a key due for promotion is a lookup, so promotion is not late.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import xxhash
 
 from kvstore.client.context import OpContext, moved, resolve
 from kvstore.client.datapath import Transfer
+from kvstore.client.locations import Cached
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import CorruptError, KVStoreError, TransferError
@@ -102,15 +109,20 @@ def _read_cached(
     could not reach go into `failed` (the lookup then tries them last)."""
     pending: dict[int, tuple[list[Location], memoryview]] = {}
     sums = [0] * len(keys)
+    on_ssd: dict[int, Cached] = {}
     for i, key in enumerate(keys):
-        entry = ctx.locations.get(key)
+        entry = ctx.locations.get(key, ssd=True)
         if entry is None:
             continue
+        if entry.ssd and ctx.locations.due(entry):  # this read makes it due for
+            continue  # promotion: the master must see it (a lookup, with the reads noted)
         view = target(i, entry.size)
         if isinstance(view, KVStoreError):  # e.g. a buffer too small for the cached size:
             continue  # let a lookup say what the object is now
         pending[i] = (_order(ctx, list(entry.replicas))[:1], view)
         sums[i] = entry.checksum
+        if entry.ssd:
+            on_ssd[i] = entry
     if not pending:
         return list(range(len(keys)))
     cached = list(pending)
@@ -123,6 +135,10 @@ def _read_cached(
     ctx.locations.hits += len(cached) - len(pending)
     ctx.locations.stale += len(pending)
     ctx.locations.drop([keys[i] for i in pending])
+    for i, entry in on_ssd.items():
+        if i not in pending:  # read from its SSD replica: counted with the next lookup
+            ctx.locations.served(keys[i], entry)
+            ctx.ssd_reads += 1
     done = set(cached) - set(pending)
     return [i for i in range(len(keys)) if i not in done]
 
@@ -134,12 +150,22 @@ def _read_looked_up(
     """One leased BatchLookup, then READs (retrying replicas) of every key found;
     replicas in `failed` (a cached read of this call could not reach them) last."""
     lease_ms = max(1, int(ctx.config.lease_ttl_s * 1000))
+    cache = ctx.locations
+    hit_keys, hit_reads = cache.take_reads()  # cached SSD reads since the last report
     request = master_pb2.BatchLookupRequest(
-        keys=keys, lease_ttl_ms=lease_ms, client_id=ctx.config.id
-    )
-    reply = yield Rpc("BatchLookup", request)
+        keys=keys, lease_ttl_ms=lease_ms, client_id=ctx.config.id,
+        cached_keys=hit_keys, cached_reads=hit_reads,
+    )  # fmt: skip
+    try:
+        reply = yield Rpc("BatchLookup", request)
+    except KVStoreError:
+        cache.untake(hit_keys, hit_reads)  # the next lookup reports them
+        raise
     found = reply.results
     leased_s = reply.lease_ttl_ms / 1000  # the cache serves a key only inside its lease
+    if reply.promote_after:  # (a reply rebuilt by the guard may lack it: keep the last)
+        cache.promote_after = reply.promote_after
+    moving = set(reply.moving)  # a promotion queued: do not cache its SSD replicas
     results: list[int | KVStoreError] = [0] * len(keys)
     pending: dict[int, tuple[list[Location], memoryview]] = {}
     sums = [res.checksum if ctx.config.checksums else 0 for res in found]
@@ -155,8 +181,10 @@ def _read_looked_up(
             replicas.sort(key=lambda r: (r.node_id, r.segment, r.offset) in failed)
         pending[i] = (replicas, view)
         results[i] = res.size
-        ctx.locations.put(keys[i], res.size, res.checksum, replicas, leased_s)
+        cache.put(keys[i], res.size, res.checksum, replicas, leased_s, i not in moving)
     nth = dict.fromkeys(pending, 0)  # which replica each key reads next
+    looked_up = list(pending)
+    first_ok: set[int] = set()  # read from the replica the cache would read first
     retried: set[int] = set()
     refresh = False
     while pending:
@@ -165,7 +193,11 @@ def _read_looked_up(
             for i in pending
             if nth[i] < len(pending[i][0]) and pending[i][0][nth[i]].tier == Tier.SSD
         ]
+        before = list(pending)
         bad = yield from _read_round(ctx, pending, nth, results, sums, refresh)
+        first_ok.update(
+            i for i in before if i not in pending and nth[i] == 0 and isinstance(results[i], int)
+        )
         ctx.ssd_reads += sum(1 for i in ssd if i not in pending and isinstance(results[i], int))
         corrupt += [(keys[i], loc) for i, loc in bad]
         stale = [i for i in pending if isinstance(results[i], TransferError) and i not in retried]
@@ -181,6 +213,8 @@ def _read_looked_up(
                 retried.add(i)
             else:
                 nth[i] += 1
+    if len(first_ok) < len(looked_up):  # a read failed where the cache would read again
+        cache.drop([keys[i] for i in looked_up if i not in first_ok])
     if corrupt:
         yield from _report_corrupt(ctx, corrupt)
     return results

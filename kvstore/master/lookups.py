@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from kvstore.master.metadata import MasterState
 
 _I64 = np.int64
+MAX_REPORTED = 1 << 16  # cached reads of one key counted from one report at most
 
 # ---- lookups ----------------------------------------------------------------------
 
@@ -82,6 +83,37 @@ def _lookup_few(state: MasterState, res: RowBatch, now: float, ttl: float, pin: 
         state.groups.touch_node(~g if g >= 0 else i)
         if slow is not None and slow[t.seg_v[i]]:
             state.tiering.on_hit(t.view(i))
+
+
+def count_cached(state: MasterState, keys: Sequence[str], reads: Sequence[int]) -> int:
+    """`reads[j]` reads of `keys[j]` that a client served from an SSD location it had
+    cached (kvstore.client.locations), reported with its next lookup: counted as that
+    many lookup hits are (hit and byte counters, LRU touch, promotion), with no lease or
+    pin. Only objects still under a read lease count: a cached read happens inside the
+    lease of the lookup that cached it, so a report for an object nobody holds is late
+    (its lease ended) or bogus. The reads counted."""
+    now = state.clock()
+    t = state.objects
+    res = peek(state, keys)
+    slow = state.tiering.slow_slots()
+    counted = 0
+    for j, i in enumerate(res.ids.tolist()):
+        n = min(int(reads[j]), MAX_REPORTED)
+        if i < 0 or n <= 0 or t.lease_v[i] <= now:
+            continue
+        state.counters.hits += n
+        extra = t.extra.get(i)
+        seg = t.segments[t.seg_v[i]] if extra is None else state.registry.segments[
+            (extra[0].node_id, extra[0].segment)]  # fmt: skip
+        seg.counters.hits += n
+        seg.counters.bytes_out += n * int(t.size_v[i])
+        t.hits_v[i] = min(int(t.hits_v[i]) + n, MAX_HITS)
+        g = t.group_v[i]
+        state.groups.touch_node(~g if g >= 0 else i)
+        if slow is not None and slow[t.seg_v[i]]:
+            state.tiering.on_hit(t.view(i), n)
+        counted += n
+    return counted
 
 
 def peek(state: MasterState, keys: Sequence[str]) -> RowBatch:

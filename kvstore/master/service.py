@@ -16,7 +16,7 @@ import numpy as np
 
 from kvstore.edge import from_pb_location, to_pb_location
 from kvstore.errors import BadRequestError, KVStoreError
-from kvstore.master import leases, queries, wire
+from kvstore.master import leases, lookups, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
 from kvstore.master.batch import PREPARED, PutColumns
@@ -184,6 +184,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     ) -> master_pb2.BatchLookupResponse:
         self._check_batch(len(request.keys))
         keys = list(request.keys)
+        if request.cached_keys and not request.no_lease:  # reads served from cache
+            self._check_batch(len(request.cached_keys))
+            if len(request.cached_reads) != len(request.cached_keys):
+                raise BadRequestError("BatchLookup needs one cached_reads per cached_keys")
+            lookups.count_cached(self.state, list(request.cached_keys), request.cached_reads)
         if request.no_lease:
             found, ttl = self.state.peek_rows(keys), 0.0
         else:
@@ -199,9 +204,13 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             wire.lookup_results(self.state.objects, found, self.locations, mint, self.cap_cache)
         ]
         self.broker.wake()  # hits may have queued promotions
-        parts.append(
-            master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000)).SerializeToString()
-        )
+        tail = master_pb2.BatchLookupResponse(lease_ttl_ms=int(ttl * 1000))
+        if not request.no_lease:
+            tail.promote_after = self.state.config.promote_after
+            moving = self.state.objects.moving  # row -> its tier move (few, or none)
+            if moving:
+                tail.moving.extend(_moving(found.ids, moving))
+        parts.append(tail.SerializeToString())
         # Concatenated encodings of the fields form one message: parsing is C (upb) and lazy.
         return master_pb2.BatchLookupResponse.FromString(b"".join(parts))
 
@@ -370,6 +379,14 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             log.warning("event=corrupt_replicas_dropped count=%d", dropped)
         self.broker.wake()
         return master_pb2.ReportCorruptResponse(dropped=dropped)
+
+
+def _moving(ids: np.ndarray, moving: dict[int, int]) -> list[int]:
+    """Positions of `ids` (rows; -1 = a miss) that are keys of `moving`."""
+    if len(ids) <= 64 or len(ids) <= len(moving):
+        return [j for j, i in enumerate(ids.tolist()) if i in moving]
+    rows = np.fromiter(moving, np.int64, len(moving))
+    return np.nonzero(np.isin(ids, rows))[0].tolist()  # type: ignore[no-any-return]
 
 
 def endpoint_from_pb(ep: common_pb2.NodeEndpoint) -> Endpoint:

@@ -264,8 +264,10 @@ class Tiering:
             tier = self._fastest[node_id] = min(tiers, default=Tier.HBM)
         return tier
 
-    def on_hit(self, obj: ObjectMeta) -> None:
-        """A lookup hit: count reads served from a slow tier; promote when due."""
+    def on_hit(self, obj: ObjectMeta, reads: int = 1) -> None:
+        """A lookup hit, or `reads` reads a client served from an SSD location it had
+        cached (kvstore.master.lookups.count_cached): count reads served from a slow
+        tier; promote when due (one attempt however many reads are counted at once)."""
         after = self.state.config.promote_after
         if not after or obj.moving:
             return
@@ -275,7 +277,7 @@ class Tiering:
         faster = _faster_segments(self.state, first)
         if not faster:
             return
-        obj.slow_hits += 1
+        obj.slow_hits += reads
         if obj.slow_hits < after:
             return
         if not any(self._copy(obj, first, seg, Purpose.PROMOTE) for seg in faster):

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.errors import NotFoundError, PermissionDeniedError
+from kvstore.errors import BadRequestError, NotFoundError, PermissionDeniedError
 from kvstore.security.identity import Identity
 from kvstore.v1 import master_pb2
 
@@ -159,27 +159,48 @@ def _lookup(call: Call) -> Post | None:
     _reader(call)
     if not call.ident.scoped:
         return None
-    keys, ns = call.request.keys, call.ident.namespace
+    request, ns = call.request, call.ident.namespace
+    if len(request.cached_reads) != len(request.cached_keys):
+        raise BadRequestError("BatchLookup needs one cached_reads per cached_keys")
+    if any(not k.startswith(ns) for k in request.cached_keys):
+        # reads reported from the client's location cache move hit counters and
+        # promotion: only the tenant's own keys count (a foreign one is dropped, as a
+        # report of a key nobody holds a lease on is)
+        cached = [
+            (k, n)
+            for k, n in zip(request.cached_keys, request.cached_reads, strict=True)
+            if k.startswith(ns)
+        ]
+        del request.cached_keys[:], request.cached_reads[:]
+        request.cached_keys.extend(k for k, _ in cached)
+        request.cached_reads.extend(n for _, n in cached)
+    keys = request.keys
     every = call.keys if call.keys is not None else list(keys)
     foreign = [i for i, k in enumerate(every) if not k.startswith(ns)]
     if not foreign:
         return None
     del keys[:]
     keys.extend(k for k in every if k.startswith(ns))
-    if not call.request.no_lease:
+    if not request.no_lease:
         call.state.counters.misses += len(foreign)  # as the core counts a real miss
     return lambda reply: _merge_misses(reply, every, set(foreign))
 
 
 def _merge_misses(reply: Any, every: list[str], foreign: set[int]) -> Any:
-    """The reply with a miss, worded as the core words one, at each foreign position."""
-    out = master_pb2.BatchLookupResponse(lease_ttl_ms=reply.lease_ttl_ms)
+    """The reply with a miss, worded as the core words one, at each foreign position;
+    `moving` (indices into the tenant's own keys) re-indexed into `every`."""
+    out = master_pb2.BatchLookupResponse(
+        lease_ttl_ms=reply.lease_ttl_ms, promote_after=reply.promote_after
+    )
     own = iter(reply.results)
+    positions = []  # position in `every` of each of the tenant's own keys
     for i, key in enumerate(every):
         if i in foreign:
             out.results.append(miss_result(key))
         else:
             out.results.append(next(own))
+            positions.append(i)
+    out.moving.extend(positions[j] for j in reply.moving)
     return out
 
 

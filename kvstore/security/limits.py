@@ -318,6 +318,9 @@ class Limits:
         hint = r.ByteSize()
         self.keys(keys, hint)
         self.ident("client_id", r.client_id)
+        if r.cached_keys:  # reads served from the client's location cache, reported
+            self.batch(len(r.cached_keys))
+            check_strs("cached key", r.cached_keys, self.cfg.max_key_bytes, hint)
         n = len(keys)
         replicas = min(MAX_REPLICAS, len(self.state.registry.segments)) * self.location()
         per_hit = self.cfg.max_group_bytes + replicas  # a hit carries its group and replicas

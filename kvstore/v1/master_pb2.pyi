@@ -187,18 +187,22 @@ class PutRevokeResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
 
 class BatchLookupRequest(_message.Message):
-    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms", "no_lease", "client_id")
+    __slots__ = ("keys", "lease_ttl_ms", "pin_ttl_ms", "no_lease", "client_id", "cached_keys", "cached_reads")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     NO_LEASE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_READS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     lease_ttl_ms: int
     pin_ttl_ms: int
     no_lease: bool
     client_id: str
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ..., client_id: _Optional[str] = ...) -> None: ...
+    cached_keys: _containers.RepeatedScalarFieldContainer[str]
+    cached_reads: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lease_ttl_ms: _Optional[int] = ..., pin_ttl_ms: _Optional[int] = ..., no_lease: bool = ..., client_id: _Optional[str] = ..., cached_keys: _Optional[_Iterable[str]] = ..., cached_reads: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupResult(_message.Message):
     __slots__ = ("status", "size", "replicas", "group", "checksum")
@@ -215,12 +219,16 @@ class LookupResult(_message.Message):
     def __init__(self, status: _Optional[_Union[KeyStatus, _Mapping]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., group: _Optional[str] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class BatchLookupResponse(_message.Message):
-    __slots__ = ("results", "lease_ttl_ms")
+    __slots__ = ("results", "lease_ttl_ms", "promote_after", "moving")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    MOVING_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[LookupResult]
     lease_ttl_ms: int
-    def __init__(self, results: _Optional[_Iterable[_Union[LookupResult, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    promote_after: int
+    moving: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, results: _Optional[_Iterable[_Union[LookupResult, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., promote_after: _Optional[int] = ..., moving: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MatchPrefixRequest(_message.Message):
     __slots__ = ("keys", "by_group")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstore.errors import NotFoundError, PermissionDeniedError
+from kvstore.errors import BadRequestError, NotFoundError, PermissionDeniedError
 from kvstore.master.config import MasterConfig
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, PutItem
@@ -183,6 +183,33 @@ def test_another_tenant_reads_as_a_miss(guard, as_) -> None:  # type: ignore[no-
     listing = master_pb2.ListObjectsRequest(prefix="")
     guard.admit("ListObjects", listing)
     assert listing.prefix == "bob/"
+
+
+def test_cached_reads_count_only_in_the_tenant(guard, as_) -> None:  # type: ignore[no-untyped-def]
+    """Reads a client served from its location cache, reported with a lookup, move hit
+    counters and promotion: another tenant's keys are dropped from the report; the
+    reply keeps promote_after and its `moving` indices point at the caller's keys."""
+    as_(BOB)
+    req = master_pb2.BatchLookupRequest(
+        keys=["alice/k", "bob/a", "bob/b"],
+        cached_keys=["alice/k", "bob/a", "alice/w"],
+        cached_reads=[5, 2, 1],
+    )
+    post = guard.admit("BatchLookup", req)
+    assert list(req.cached_keys) == ["bob/a"] and list(req.cached_reads) == [2]
+    assert list(req.keys) == ["bob/a", "bob/b"] and post is not None
+    inner = master_pb2.BatchLookupResponse(
+        results=[master_pb2.LookupResult(), master_pb2.LookupResult()],
+        lease_ttl_ms=500, promote_after=2, moving=[1],
+    )  # fmt: skip
+    reply = post(inner)
+    assert reply.promote_after == 2 and reply.lease_ttl_ms == 500
+    assert list(reply.moving) == [2]  # "bob/b", the caller's third key
+    refused(
+        guard, "BatchLookup",
+        master_pb2.BatchLookupRequest(keys=["bob/a"], cached_keys=["bob/a"], cached_reads=[]),
+        BadRequestError,
+    )  # fmt: skip
 
 
 def test_a_client_without_tenant_is_in_default(guard, as_) -> None:  # type: ignore[no-untyped-def]

@@ -104,6 +104,14 @@ def test_keys_groups_and_batches(master) -> None:  # type: ignore[no-untyped-def
     assert_refused(master, lambda: stub.BatchLookup(fifteen), INVALID)
     for method, req in [
         ("PutEnd", master_pb2.PutEndRequest(client_id="c", keys=["k" * 2000])),
+        (
+            "BatchLookup",
+            master_pb2.BatchLookupRequest(keys=["k"], cached_keys=["k" * 2000], cached_reads=[1]),
+        ),
+        (
+            "BatchLookup",
+            master_pb2.BatchLookupRequest(keys=["k"], cached_keys=["k"], cached_reads=[1, 2]),
+        ),
         ("Remove", master_pb2.RemoveRequest(keys=["k" * 2000])),
         ("Pin", master_pb2.PinRequest(keys=["k" * 2000])),
         ("Unpin", master_pb2.UnpinRequest(keys=["k" * 2000])),
@@ -122,6 +130,8 @@ def test_batch_sizes() -> None:
         keys = [f"k{i}" for i in range(11)]
         for method, req in [
             ("BatchLookup", master_pb2.BatchLookupRequest(keys=keys)),
+            ("BatchLookup", master_pb2.BatchLookupRequest(
+                keys=["k"], cached_keys=keys, cached_reads=[1] * 11)),
             ("PutRevoke", master_pb2.PutRevokeRequest(client_id="c", keys=keys)),
             ("Pin", master_pb2.PinRequest(keys=keys)),
             ("AnnounceObjects", master_pb2.AnnounceObjectsRequest(
