@@ -85,21 +85,27 @@ def _lookup_few(state: MasterState, res: RowBatch, now: float, ttl: float, pin: 
             state.tiering.on_hit(t.view(i))
 
 
-def count_cached(state: MasterState, keys: Sequence[str], reads: Sequence[int]) -> int:
+def count_cached(
+    state: MasterState, keys: Sequence[str], reads: Sequence[int], client_id: str = ""
+) -> int:
     """`reads[j]` reads of `keys[j]` that a client served from an SSD location it had
     cached (kvstore.client.locations), reported with its next lookup: counted as that
     many lookup hits are (hit and byte counters, LRU touch, promotion), with no lease or
-    pin. Only objects still under a read lease count: a cached read happens inside the
-    lease of the lookup that cached it, so a report for an object nobody holds is late
-    (its lease ended) or bogus. The reads counted."""
+    pin. Only objects still under a read lease, or under `client_id`'s own writer lease
+    (it cached the location its put wrote), count: a cached read happens inside the
+    lease that let it cache, so a report for an object nobody holds is late (its lease
+    ended) or bogus. The reads counted."""
     now = state.clock()
     t = state.objects
     res = peek(state, keys)
     slow = state.tiering.slow_slots()
+    writers = state.writer_leases
     counted = 0
     for j, i in enumerate(res.ids.tolist()):
         n = min(int(reads[j]), MAX_REPORTED)
-        if i < 0 or n <= 0 or t.lease_v[i] <= now:
+        if i < 0 or n <= 0:
+            continue
+        if t.lease_v[i] <= now and not (client_id and writers.holder(keys[j], now) == client_id):
             continue
         state.counters.hits += n
         extra = t.extra.get(i)

@@ -188,7 +188,9 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             self._check_batch(len(request.cached_keys))
             if len(request.cached_reads) != len(request.cached_keys):
                 raise BadRequestError("BatchLookup needs one cached_reads per cached_keys")
-            lookups.count_cached(self.state, list(request.cached_keys), request.cached_reads)
+            lookups.count_cached(
+                self.state, list(request.cached_keys), request.cached_reads, request.client_id
+            )
         if request.no_lease:
             found, ttl = self.state.peek_rows(keys), 0.0
         else:

@@ -96,3 +96,23 @@ def test_a_closing_writer_ends_its_leases_and_tombstones(clock: FakeClock) -> No
     assert isinstance(st.put_start("other", "a", [PutItem("b", 100)])[0], list)
     assert st.writer_leases.holder("c", clock()) == "v"  # another writer's stay
     st.check_integrity()
+
+
+def test_cached_reads_count_under_a_lease_the_reporter_holds(clock: FakeClock) -> None:
+    """Reads a client served from its location cache count (as hits) only for objects
+    under a read lease, or under that client's own writer lease: never for a lease
+    another client holds, a lease that ended, or an unknown key."""
+    from kvstore.master import lookups
+
+    st = pool(clock)
+    assert commit(st, "w", ["k1", "k2"], 2.0) == [None, None]
+    hits = st.counters.hits
+    assert lookups.count_cached(st, ["k1"], [3], "w") == 3  # the writer's own lease
+    assert lookups.count_cached(st, ["k1", "k2"], [3, 1], "other") == 0
+    assert lookups.count_cached(st, ["k1", "nope"], [1, 1]) == 0  # no client: no writer
+    st.lookup(["k2"], lease_ttl_s=1.0)  # a read lease: anyone's report of it counts
+    assert lookups.count_cached(st, ["k2"], [2], "other") == 2
+    assert st.counters.hits == hits + 1 + 5  # the lookup's own hit, then the reports
+    clock.advance(2.5)  # both leases ended
+    assert lookups.count_cached(st, ["k1", "k2"], [1, 1], "w") == 0
+    st.check_integrity()
