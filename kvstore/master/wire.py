@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from kvstore.errors import KVStoreError
 from kvstore.rpc_errors import code_for
@@ -188,6 +189,11 @@ class RowWriter:
         self._parts.append(("m", (mat, lens)))
         self.lengths += lens
 
+    def rows(self, mat: np.ndarray, lens: np.ndarray) -> None:
+        """Row i gets all of `mat[i]` (lens[i] == its width) or nothing (lens[i] == 0)."""
+        self._parts.append(("r", (mat, lens)))
+        self.lengths += lens
+
     def gather(self, src: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> None:
         """Row i gets src[starts[i] : starts[i] + lens[i]]."""
         self._parts.append(("g", (src, starts.astype(_I64), lens.astype(_I64))))
@@ -223,6 +229,15 @@ class RowWriter:
                 else:
                     keep = np.arange(width) < lens[:, None]
                     out[(cursor[:, None] + np.arange(width))[keep]] = mat[keep]
+            elif kind == "r":  # one copy of `width` bytes per row, no per-byte index
+                mat, lens = data
+                rows = np.nonzero(lens)[0]
+                if len(rows):
+                    win = as_strided(out, (len(out) - mat.shape[1] + 1, mat.shape[1]), (1, 1))
+                    if len(rows) == self.n:
+                        win[cursor] = mat
+                    else:
+                        win[cursor[rows]] = mat[rows]
             else:
                 src, starts, lens = data
                 rows = np.nonzero(lens)[0]
@@ -247,12 +262,12 @@ def _locations(
     slots = table.col["seg"][rows]
     offs = table.col["offset"][rows]
     sizes = table.col["size"][rows]
+    uniq = np.unique(slots[ok])
     caps = None
-    if mint is not None and cache is not None:
-        caps = cache.fill(table, rows, slots, offs, sizes, ok, mint)
+    if mint is not None and cache is not None and cache.takes(mint):
+        caps = cache.fill(table, rows, slots, offs, sizes, ok, mint, uniq)
     elif mint is not None:
         caps = _capabilities(table, slots, offs, sizes, ok, mint)
-    uniq = np.unique(slots[ok])
     pre = [_segment_prefix(table, int(s)) for s in uniq.tolist()]
     plen = np.array([len(p) for p in pre] or [0], _I64)
     pstart = np.cumsum(plen) - plen
@@ -263,7 +278,7 @@ def _locations(
     size_mat, size_len = varints(sizes)
     loc_len = plen[at] + np.where(has_off, 1 + off_len, 0) + 1 + size_len
     if caps is not None:  # the field's bytes: tag, length and capability
-        loc_len = loc_len + (caps[2] if len(caps) == 3 else np.where(caps[1] > 0, caps[1] + 2, 0))
+        loc_len = loc_len + caps[-1]
     w.const(tag, ok)
     w.varint(loc_len, ok)
     w.gather(np.frombuffer(b"".join(pre) or b"\0", np.uint8), pstart[at], np.where(ok, plen[at], 0))
@@ -274,108 +289,144 @@ def _locations(
     if caps is not None and len(caps) == 3:
         w.gather(*caps)
     elif caps is not None:
-        w.const(_CAP_TAG + bytes([CAP_BYTES]), caps[1] > 0)
-        w._matrix(caps[0], caps[1])
+        w.rows(*caps)
 
 
 CAP_BYTES = 45  # kvstore.security.capabilities.SIZE
+FIELD_BYTES = 2 + CAP_BYTES  # a Location's capability field: tag, length, capability
+_FIELD_HEAD = np.frombuffer(_CAP_TAG + bytes([CAP_BYTES]), np.uint8)
+_RANGE = slice(2 + 13, 2 + 29)  # a field's offset and length (u64 each) in its bytes
 # A capability's fields as numpy reads them (the body packs unsigned; values < 2**63)
 _CAP = np.dtype([("mode", "u1"), ("key", "<u4"), ("exp", "<i8"), ("off", "<i8"),
                  ("len", "<i8"), ("tag", "V16")])  # fmt: skip
 
 
 class CapabilityCache:
-    """The capabilities of recent replies, per object row (the first `max_rows` rows):
-    a lookup of a row whose cached grant has this reply's mode, expiry (a Minter's,
-    rounded to its quantum), range, segment and key reuses it, so a hot key costs one
-    MAC per quantum rather than one per lookup. A slot whose segment changed, or a
-    node's new key, makes its entries miss."""
+    """The encoded capability fields (tag, length, capability: 47 bytes) of recent
+    replies, per object row (the first `max_rows` rows), so that a hot key costs one MAC
+    per quantum rather than one per lookup, and a hit costs no per-row Python at all.
+
+    Validity is one *epoch* per reply rather than a comparison of every field per row:
+    an epoch stands for one grant (mode and expiry: a Minter's, rounded to its quantum),
+    the key id of every node and the segment of every slot its fields were minted for.
+    A reply whose grant differs (the quantum rolled), or that sees a node's new key or a
+    new segment in a slot, starts a new epoch, and every field of an earlier one misses.
+    Per row only the epoch, the slot and the range (read from the field's own bytes)
+    are compared, as the row may have been reused or moved since."""
 
     def __init__(self, max_rows: int = 1 << 20) -> None:
         self.max_rows = max_rows
-        self.caps = np.zeros(0, _CAP)
-        self.slot = np.zeros(0, _I64)
-        self._segments: dict[int, object] = {}  # slot -> the segment its entries are for
+        self.fields = np.zeros((0, FIELD_BYTES), np.uint8)
+        self.epoch_of = np.zeros(0, _I64)  # per row: the epoch its field is of (-1: none)
+        self.slot = np.zeros(0, _I64)  # per row: the slot its field is for
+        self.epoch = 0
+        self._grant: tuple[int, int] | None = None  # (mode, expiry) of this epoch
+        self._keys: dict[str, int] = {}  # node -> its key id in this epoch
+        self._segments: dict[int, tuple[str, str]] = {}  # slot -> its (node, segment)
         self.hits = self.misses = 0
 
     def _grow(self, n: int) -> None:
-        if n <= len(self.caps):
+        if n <= len(self.fields):
             return
-        n = min(self.max_rows, max(n, 2 * len(self.caps), 1024))
-        caps, slot = np.zeros(n, _CAP), np.full(n, -1, _I64)
-        caps[: len(self.caps)], slot[: len(self.slot)] = self.caps, self.slot
-        self.caps, self.slot = caps, slot
+        n = min(self.max_rows, max(n, 2 * len(self.fields), 1024))
+        fields, epoch_of = np.zeros((n, FIELD_BYTES), np.uint8), np.full(n, -1, _I64)
+        slot = np.full(n, -1, _I64)
+        fields[: len(self.fields)], epoch_of[: len(self.epoch_of)] = self.fields, self.epoch_of
+        slot[: len(self.slot)] = self.slot
+        self.fields, self.epoch_of, self.slot = fields, epoch_of, slot
+
+    @staticmethod
+    def takes(mint: Mint) -> bool:
+        """Whether grants of `mint` can be cached: a Minter (one mode and expiry per
+        reply, key ids and MAC states to read), not a plain callable."""
+        return isinstance(getattr(mint, "expiry", None), int) and hasattr(mint, "mac_of")
+
+    def _enter(self, grant: tuple[int, int], slots: list[int], segs: list[Any],
+               keys: list[int]) -> None:  # fmt: skip
+        """Start a new epoch unless this reply's grant, slots' segments and nodes' keys
+        are those of the current one (slots and nodes it has not seen yet join it: no
+        field of this epoch is for them)."""
+        stale = grant != self._grant
+        seen_seg, seen_key = self._segments, self._keys
+        where = [(g.node_id, g.name) for g in segs]  # what a MAC covers of a segment
+        for s, w, key in zip(slots, where, keys, strict=True):
+            if stale:
+                break
+            stale = seen_seg.get(s, w) != w or seen_key.get(w[0], key) != key
+        if stale:
+            self.epoch += 1
+            self._grant = grant
+            seen_seg.clear()
+            seen_key.clear()
+        for s, w, key in zip(slots, where, keys, strict=True):
+            seen_seg[s] = w
+            seen_key[w[0]] = key
 
     def fill(
         self, table: ObjectTable, rows: np.ndarray, slots: np.ndarray, offs: np.ndarray,
-        sizes: np.ndarray, ok: np.ndarray, mint: Mint,
+        sizes: np.ndarray, ok: np.ndarray, mint: Mint, uniq: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """(n x 45 matrix, length per row: 45 or 0) of each ok row's capability."""
+        """(n x 47 matrix, length per row: 47 or 0) of each ok row's capability field;
+        `uniq`: the slots of the ok rows, sorted, once each."""
         n = len(rows)
-        out = np.zeros((n, CAP_BYTES), np.uint8)
-        uniq = np.unique(slots[ok])
         if not len(uniq):
-            return out, np.zeros(n, _I64)
+            return np.zeros((n, FIELD_BYTES), np.uint8), np.zeros(n, _I64)
         segs = [table.segments[s] for s in uniq.tolist()]
-        for s, seg in zip(uniq.tolist(), segs, strict=True):
-            if self._segments.get(s) is not seg:  # a new segment in this slot
-                self.slot[self.slot == s] = -1
-                self._segments[s] = seg
-        key_of = getattr(mint, "key_id", None)
-        keys = np.array([key_of(g.node_id) if key_of else 0 for g in segs], _I64)
-        row_key = keys[np.minimum(np.searchsorted(uniq, slots), len(uniq) - 1)]
-        has = ok & (row_key >= 0)
+        keys = [mint.key_id(g.node_id) for g in segs]  # type: ignore[attr-defined]
+        self._enter((mint.mode, mint.expiry), uniq.tolist(), segs, keys)  # type: ignore[attr-defined]
+        has = ok
+        if min(keys) < 0:  # nodes without a key: no capability
+            key_arr = np.array(keys, _I64)
+            has = ok & (key_arr[np.minimum(np.searchsorted(uniq, slots), len(uniq) - 1)] >= 0)
         keep = has & (rows < self.max_rows)
         if keep.any():
             self._grow(int(rows[keep].max()) + 1)
-        r = np.where(keep, rows, 0)
-        if len(self.caps):
-            c = self.caps[r]
-            valid = keep & (self.slot[r] == slots) & (c["exp"] == getattr(mint, "expiry", -1))
-            valid &= (c["off"] == offs) & (c["len"] == sizes) & (c["key"] == row_key)
-            valid &= c["mode"] == getattr(mint, "mode", -1)
-            out[valid] = c[valid].view(np.uint8).reshape(-1, CAP_BYTES)
+        if not len(self.fields):
+            mat, valid = np.zeros((n, FIELD_BYTES), np.uint8), np.zeros(n, bool)
         else:
-            valid = np.zeros(n, bool)
+            r = rows if int(rows.max()) < len(self.fields) else np.where(keep, rows, 0)
+            mat = np.take(self.fields, r, axis=0)
+            valid = keep & (self.epoch_of[r] == self.epoch) & (self.slot[r] == slots)
+            rng = np.ascontiguousarray(mat[:, _RANGE]).view("<i8")
+            valid &= (rng[:, 0] == offs) & (rng[:, 1] == sizes)
         miss = np.nonzero(has & ~valid)[0]
         self.hits += int(valid.sum())
         self.misses += len(miss)
         if len(miss):
-            self._mint_misses(out, miss, uniq, segs, slots, offs, sizes, row_key, mint)
+            key_arr = np.array(keys, _I64)
+            row_key = key_arr[np.minimum(np.searchsorted(uniq, slots[miss]), len(uniq) - 1)]
+            self._mint(mat, miss, uniq, segs, slots, offs, sizes, row_key, mint)
             stored = miss[keep[miss]]
-            self.caps.view(np.uint8).reshape(-1, CAP_BYTES)[rows[stored]] = out[stored]
-            self.slot[rows[stored]] = slots[stored]
-        return out, np.where(has, CAP_BYTES, 0)
+            at = rows[stored]
+            self.fields[at] = mat[stored]
+            self.epoch_of[at] = self.epoch
+            self.slot[at] = slots[stored]
+        return mat, np.where(has, FIELD_BYTES, 0)
 
     @staticmethod
-    def _mint_misses(
+    def _mint(
         out: np.ndarray, miss: np.ndarray, uniq: np.ndarray, segs: list[Any], slots: np.ndarray,
         offs: np.ndarray, sizes: np.ndarray, row_key: np.ndarray, mint: Mint,
     ) -> None:  # fmt: skip
-        """Fresh grants into `out[miss]`: bodies packed by numpy, one MAC call per row."""
-        mac_of = getattr(mint, "mac_of", None)
-        if mac_of is None:  # a plain callable: one call per row
-            by_slot = {s: (g.node_id, g.name) for s, g in zip(uniq.tolist(), segs, strict=True)}
-            fresh = [mint(*by_slot[s], o, n) for s, o, n in
-                     zip(slots[miss].tolist(), offs[miss].tolist(), sizes[miss].tolist(),
-                         strict=True)]  # fmt: skip
-            out[miss] = np.frombuffer(b"".join(fresh), np.uint8).reshape(-1, CAP_BYTES)
-            return
-        macs = {s: mac_of(g.node_id, g.name) for s, g in zip(uniq.tolist(), segs, strict=True)}
+        """Fresh fields into `out[miss]`: bodies packed by numpy, one MAC call per row
+        (`row_key`: each missed row's key id)."""
+        macs = {s: mint.mac_of(g.node_id, g.name)  # type: ignore[attr-defined]
+                for s, g in zip(uniq.tolist(), segs, strict=True)}  # fmt: skip
         bodies = np.zeros(len(miss), _CAP)
-        bodies["mode"], bodies["key"] = mint.mode, row_key[miss]  # type: ignore[attr-defined]
+        bodies["mode"], bodies["key"] = mint.mode, row_key  # type: ignore[attr-defined]
         bodies["exp"] = mint.expiry  # type: ignore[attr-defined]
         bodies["off"], bodies["len"] = offs[miss], sizes[miss]
         raw = bodies.view(np.uint8).reshape(-1, CAP_BYTES)
         flat = raw[:, :29].tobytes()
         tags = []
         for k, slot in enumerate(slots[miss].tolist()):
-            keyed, tail = macs[slot]  # type: ignore[misc]
+            keyed, tail = macs[slot]
             h = keyed.copy()
             h.update(flat[29 * k : 29 * k + 29] + tail)
             tags.append(h.digest())
         raw[:, 29:] = np.frombuffer(b"".join(tags), np.uint8).reshape(-1, 16)
-        out[miss] = raw
+        out[miss, :2] = _FIELD_HEAD
+        out[miss, 2:] = raw
 
 
 def _capabilities(
