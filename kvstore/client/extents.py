@@ -89,6 +89,23 @@ class ExtentHolder:
             lease.users += 1
             return lease.extent_id, locs
 
+    def take_one(self, size: int) -> tuple[int, Location] | None:
+        """`take([size])` for one object (a single put: no lists): (extent id, its
+        Location), or None."""
+        with self._lock:
+            lease = self._lease
+            if lease is None or time.monotonic() >= lease.usable_until:
+                return None
+            a = lease.alignment
+            start = -(-lease.cursor // a) * a
+            base = lease.base
+            if start + size > base.offset + base.length:
+                return None
+            loc = Location(base.node_id, base.tier, base.segment, start, size, base.capability)
+            lease.cursor = start + size
+            lease.users += 1
+            return lease.extent_id, loc
+
     def done(self, extent_id: int) -> bool:
         """A put that took a range of `extent_id` finished (committed or not); whether
         the caller must now release that extent (it was replaced, and this was the last
@@ -170,6 +187,18 @@ class ExtentHolder:
             lease, self._lease = self._lease, None
             self._retiring.clear()
         return lease.extent_id if lease is not None and not lease.users and not lease.keep else 0
+
+
+def eligible_one(holder: ExtentHolder, size: int, replicas: int, tier: Tier | None,
+                 pin_ttl_s: float) -> bool:  # fmt: skip
+    """`eligible` for a put of one object of `size` bytes."""
+    return (
+        0 < size <= holder.max_object
+        and size <= holder.extent_bytes
+        and replicas == 1
+        and not pin_ttl_s
+        and (tier is None or tier == Tier.DRAM)
+    )
 
 
 def eligible(holder: ExtentHolder, views: Sequence[memoryview], replicas: int,

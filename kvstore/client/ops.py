@@ -16,7 +16,7 @@ from kvstore.client.buffers import new_bytes
 from kvstore.client.context import OpContext, call
 from kvstore.client.reads import lookup_op, read_cached_now, read_op
 from kvstore.client.steps import Op
-from kvstore.client.writes import PutOptions, put_op
+from kvstore.client.writes import PutOptions, put_one_op, put_op
 from kvstore.errors import (
     BadRequestError,
     KVStoreError,
@@ -69,7 +69,9 @@ class ClientOps:
         return (yield from put_op(self.ctx, self._keys(keys), views, opts))
 
     def put(self, key: str, value: object, opts: PutOptions) -> Op[None]:
-        _raise((yield from self.batch_put_views([key], [byte_view(value)], opts))[0])
+        view = byte_view(value)
+        wire = self.ctx.config.wire_key(check_key(key))
+        _raise((yield from put_one_op(self.ctx, wire, view, opts)))
 
     def put_from(
         self, key: str, buffer: object, offset: int, length: int | None, opts: PutOptions
@@ -78,7 +80,8 @@ class ClientOps:
         end = view.nbytes if length is None else offset + length
         if not 0 <= offset <= end <= view.nbytes:
             raise BadRequestError(f"range [{offset}, {end}) outside buffer of {view.nbytes}")
-        _raise((yield from self.batch_put_views([key], [view[offset:end]], opts))[0])
+        wire = self.ctx.config.wire_key(check_key(key))
+        _raise((yield from put_one_op(self.ctx, wire, view[offset:end], opts)))
 
     def batch_put(
         self, items: Sequence[tuple[str, object]], opts: PutOptions

@@ -19,7 +19,7 @@ import xxhash
 
 from kvstore.client.context import OpContext, moved, resolve
 from kvstore.client.datapath import BatchResult, Transfer
-from kvstore.client.extents import eligible
+from kvstore.client.extents import eligible, eligible_one
 from kvstore.client.steps import Io, Op, Rpc
 from kvstore.edge import from_pb_location
 from kvstore.errors import KVStoreError, NotFoundError, TransferError
@@ -86,6 +86,83 @@ def put_op(
         for i, res in zip(todo, rest, strict=True):
             results[i] = res
     return results
+
+
+def put_one_op(
+    ctx: OpContext, key: str, view: memoryview, opts: PutOptions
+) -> Op[KVStoreError | None]:
+    """`put_op` of one key (wire key `key`): its result. A single put that fits the
+    extent and lands in memory this process maps is written and committed here with no
+    per-key lists, dataclasses or nested generators (the common `put` / `put_from`);
+    anything else takes the same general steps as `put_op`."""
+    size = view.nbytes
+    holder = ctx.extents
+    if ctx.locations.capacity:  # a key put again must not be read from where it was
+        ctx.locations.drop((key,))
+    if not eligible_one(holder, size, opts.replicas or ctx.config.replicas, opts.tier,
+                        opts.pin_ttl_s):  # fmt: skip
+        return (yield from _started_put_op(ctx, [key], [view], opts))[0]
+    group = ctx.config.wire_key(opts.group) if opts.group else ""
+    taken = holder.take_one(size)
+    if taken is None:  # a grant first (or a fallback): the general path
+        results: list[KVStoreError | None] = [None]
+        if (yield from extent_put_op(ctx, [key], [view], group, results)):
+            return (yield from _started_put_op(ctx, [key], [view], opts))[0]
+        return results[0]
+    extent_id, loc = taken
+    try:
+        result = yield from _write_one_in_extent(ctx, key, view, group, extent_id, loc)
+    except BaseException:
+        holder.abandon(extent_id)  # its write's fate is unknown: never release it
+        holder.done(extent_id)
+        raise
+    if holder.done(extent_id):  # replaced meanwhile, and this was its last put
+        yield from _release(ctx, extent_id)
+    if result is _RETRY:
+        return (yield from _started_put_op(ctx, [key], [view], opts))[0]
+    return result
+
+
+_RETRY = TransferError("put again through PutStart")  # a sentinel, never raised or returned
+
+
+def _write_one_in_extent(
+    ctx: OpContext, key: str, view: memoryview, group: str, extent_id: int, loc: Location
+) -> Op[KVStoreError | None]:
+    """`_write_in_extent` of one key at `loc`: its result, or `_RETRY` (PutStart)."""
+    size = view.nbytes
+    desc = ctx.directory.descriptor(loc)
+    mem = ctx.data.mapped(desc, loc.capability) if desc is not None else None
+    if mem is None or loc.offset + size > mem.nbytes or size > MAPPED_WRITE_MAX:
+        results: list[KVStoreError | None] = [None]
+        retry = yield from _write_in_extent(ctx, [key], [view], group, results, extent_id, [loc])
+        return _RETRY if retry else results[0]
+    mem[loc.offset : loc.offset + size] = view
+    config = ctx.config
+    checksum = checksum_of(view) if config.checksums else 0
+    request = master_pb2.CommitExtentRequest(
+        client_id=config.id, extent_id=extent_id, read_lease_ms=_writer_lease_ask(ctx),
+    )  # fmt: skip
+    request.items.add(key=key, offset=loc.offset, size=size, group=group, checksum=checksum)
+    holder = ctx.extents
+    sent = time.monotonic()
+    try:
+        reply = yield Rpc("CommitExtent", request)
+    except NotFoundError:  # the lease ended on the master: nothing was committed
+        holder.abandon(extent_id)
+        holder.fallbacks += 1
+        return _RETRY
+    holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
+    lease_s = reply.read_lease_ms / 1000
+    (status,) = reply.results
+    err = error_for(status.code, status.message) if status.code else None
+    if lease_s > 0:
+        ctx.writer_leased = True
+        if err is None:  # held for a margin short of the lease (locations)
+            if loc.capability:
+                loc = replace(loc, capability=b"")
+            ctx.locations.put(key, size, checksum, (loc,), lease_s)
+    return err
 
 
 def _started_put_op(
