@@ -7,6 +7,7 @@ message; insecure mode carries none."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -151,3 +152,87 @@ def test_hot_keys_reuse_their_grant_until_a_new_key(monkeypatch: pytest.MonkeyPa
         loc = r.replicas[0]
         rings[loc.node_id].check(loc.segment, loc.offset, loc.length, READ, loc.capability)
     assert len(set(caps)) == len(caps)  # one grant per range, never shared
+
+
+def test_cached_fields_are_fresh_ones_and_miss_after_any_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reply cache keeps each row's encoded capability field and checks it once per
+    reply (an epoch): its replies are byte for byte those minted afresh while the
+    quantum holds; the quantum's roll, a node's new key (or none), another segment in a
+    slot and a moved row each make the affected fields fresh ones, never the old."""
+    from kvstore.master import batch
+
+    monkeypatch.setattr(batch, "SMALL", 0)
+    monkeypatch.setattr(wire, "SMALL_BATCH", 0)
+    now = [100.0]
+    state, svc, _ = servicer(secured=True)
+    issuer = Issuer(clock=lambda: now[0])
+    for node in NODES:
+        issuer.rotate(node)
+    svc.caps = issuer
+    items = [
+        master_pb2.PutStartItem(key=f"c{i}", size=512 * (i + 1), preferred_node=NODES[i % 3])
+        for i in range(60)
+    ]
+    items.append(master_pb2.PutStartItem(key="two", size=64, replicas=2))  # encoded alone
+    run(svc, items)
+    table, cache = state.objects, wire.CapabilityCache()
+    keys = ["nope", *(it.key for it in items)]
+
+    def check(reused: bool) -> master_pb2.BatchLookupResponse:
+        """The cached reply: the fresh one byte for byte, its fields all reused from the
+        last reply (`reused`) or some of them minted."""
+        hits, misses = cache.hits, cache.misses
+        mint = issuer.minter(READ, 2.0, 500)
+        assert mint is not None
+        res = state.peek_rows(keys)
+        got = wire.lookup_results(table, res, svc.locations, mint, cache)
+        assert got == wire.lookup_results(table, res, svc.locations, mint)  # fresh grants
+        if reused:
+            assert cache.misses == misses and cache.hits > hits
+        else:
+            assert cache.misses > misses
+        return master_pb2.BatchLookupResponse.FromString(got)
+
+    def caps(reply: master_pb2.BatchLookupResponse, node: str, seg: str = "") -> list[bytes]:
+        return [
+            loc.capability for r in reply.results for loc in r.replicas
+            if loc.node_id == node and loc.segment.startswith(seg)
+        ]  # fmt: skip
+
+    first = check(reused=False)
+    assert all(caps(first, n) for n in NODES)
+    assert check(reused=True) == first  # within the quantum: every field reused
+    now[0] += 0.5  # the quantum rolls: a new expiry for all
+    rolled = check(reused=False)
+    assert all(set(caps(rolled, n)).isdisjoint(caps(first, n)) for n in NODES)
+    check(reused=True)
+    issuer.rotate("a")  # a registered again: its rows' fields are of its new key
+    rotated = check(reused=False)
+    assert set(caps(rotated, "a")).isdisjoint(caps(rolled, "a"))
+    assert caps(rotated, "b") == caps(rolled, "b")
+    check(reused=True)
+    issuer.forget("b")  # b has no key: its rows carry none
+    assert set(caps(check(reused=False), "b")) == {b""}
+    check(reused=True)
+    issuer.rotate("b")
+    check(reused=False)
+    check(reused=True)
+    row = table.index.find("c6")  # on node a
+    slot = int(table.col["seg"][row])
+    old = table.segments[slot].name
+    table.segments[slot] = dataclasses.replace(table.segments[slot], name="a-new")
+    renamed = check(reused=False)  # another segment in a's slot: its grants name it
+    assert caps(renamed, "a", "a-new")
+    assert set(caps(renamed, "a", "a-new")).isdisjoint(caps(rotated, "a", old))
+    check(reused=True)
+    table.col["offset"][row] += 4096  # the row moved within its segment
+    misses = cache.misses
+    check(reused=False)
+    assert cache.misses == misses + 1  # that row only
+    check(reused=True)
+    table.col["seg"][row] = next(s for s in table.segments if s != slot)  # to another one
+    check(reused=False)
+    assert cache.misses == misses + 2
+    check(reused=True)
