@@ -125,6 +125,11 @@ class _ServerConnection(asyncio.Protocol):
         self.lane.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
+        if not self.buf and len(data) >= HEADER.size:  # nearly always: one whole request
+            n, ident, method = HEADER.unpack_from(data)
+            if len(data) == 4 + n and n >= 5:  # (a bad length takes the checks below)
+                self._start(self._answer(ident, method, data[HEADER.size :]))
+                return
         self.buf += data
         while len(self.buf) >= 4:
             (n,) = struct.unpack_from("<I", self.buf)
@@ -372,9 +377,22 @@ class SyncLane:
         self._ids = ident = (self._ids + 1) & 0xFFFFFFFF
         try:
             sock.sendall(_frame(ident, tag, request.SerializeToString()))
-            head = _recv_exact(sock, HEADER.size)
-            n, got, status = HEADER.unpack(head)
-            body = _recv_exact(sock, n - 5)
+            data = sock.recv(RECV_BYTES)  # nearly always the whole reply: one syscall
+            if len(data) < HEADER.size:
+                if not data:
+                    raise ConnectionError("connection closed")
+                data += _recv_exact(sock, HEADER.size - len(data))
+            n, got, status = HEADER.unpack_from(data)
+            if n < 5 or n > MAX_FRAME:
+                self._drop(sock)
+                raise UnavailableError(f"fast lane {self.address}: bad reply length {n}")
+            if len(data) == n + 4:
+                body = data[HEADER.size :]
+            elif len(data) < n + 4:
+                body = data[HEADER.size :] + _recv_exact(sock, n + 4 - len(data))
+            else:  # more than one reply: never sent to a client with one call in flight
+                self._drop(sock)
+                raise UnavailableError(f"fast lane {self.address}: bytes past the reply")
         except TimeoutError:  # the master is slow: as a gRPC deadline (no retry elsewhere)
             self._drop(sock)
             raise UnavailableError(
@@ -418,6 +436,9 @@ class SyncLane:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+RECV_BYTES = 16 << 10  # a sync call's first read: the header and any reply this small
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

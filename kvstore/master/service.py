@@ -21,7 +21,7 @@ from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
 from kvstore.master.batch import PREPARED, PutColumns
 from kvstore.master.broker import MoveBroker
-from kvstore.master.extents import CommitItem
+from kvstore.master.extents import PREPARED_COMMIT, commit_items
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, ObjectMeta, PutItem
 from kvstore.master.tiering import Move, MoveResult
@@ -266,31 +266,33 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     async def CommitExtent(
         self, request: master_pb2.CommitExtentRequest, context: Ctx
     ) -> master_pb2.CommitExtentResponse:
-        self._check_batch(len(request.items))
-        if request.end_writer_leases and not request.extent_id and not request.items:
+        n = len(request.items)
+        self._check_batch(n)
+        extent_id, closing = request.extent_id, request.end_writer_leases
+        if closing and not extent_id and not n:
             if not request.client_id:  # a closing client's writer leases, nothing else
                 raise BadRequestError("client_id must not be empty")
             self.state.writer_leases.end_client(request.client_id)
             return master_pb2.CommitExtentResponse()
-        items = [
-            CommitItem(it.key, it.offset, it.size, it.checksum, it.group) for it in request.items
-        ]
+        prepared = PREPARED_COMMIT.get()  # the guard's reading of this request, if it checked it
+        items = prepared[1] if prepared and prepared[0] is request else commit_items(request.items)
         # a writer lease lets the writer read its keys back with no lookup
         lease = self._writer_lease(request.read_lease_ms)
-        res = self.state.commit_extent(
-            request.client_id, request.extent_id, items, request.release, lease
-        )
+        client_id, release = request.client_id, request.release
+        state = self.state
+        res = state.commit_extent(client_id, extent_id, items, release, lease)
         reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
-        reply.ttl_ms = int(self.state.config.extent_ttl_s * 1000)
+        reply.ttl_ms = int(state.config.extent_ttl_s * 1000)
         reply.read_lease_ms = int(lease * 1000)
-        if request.end_writer_leases:
-            self.state.writer_leases.end_client(request.client_id)
-        ext = self.state.extents.live.get(request.extent_id)
-        if self.caps is not None and ext is not None and not request.release:
-            reply.capability = self.caps.grant(
-                ext.node_id, ext.segment, ext.start, ext.size, capabilities.WRITE,
-                self.state.config.extent_ttl_s,
-            )  # fmt: skip
+        if closing:
+            state.writer_leases.end_client(client_id)
+        if self.caps is not None and not release:
+            ext = state.extents.live.get(extent_id)
+            if ext is not None:
+                reply.capability = self.caps.grant(
+                    ext.node_id, ext.segment, ext.start, ext.size, capabilities.WRITE,
+                    state.config.extent_ttl_s,
+                )  # fmt: skip
         return reply
 
     @translate
