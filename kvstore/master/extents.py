@@ -120,7 +120,7 @@ class Extents:
         if item.size <= 0 or item.offset % seg.alignment:
             return BadRequestError(f"{item.key!r}: size must be > 0 and offset aligned")
         start: int | None = item.offset  # a bump-allocated commit: the piece starts there
-        if ext.pieces.get(start, 0) < size:  # (pieces are disjoint: none other holds it)
+        if ext.pieces.get(item.offset, 0) < size:  # (pieces are disjoint: none other holds it)
             start = ext.piece_holding(item.offset, size)
         if start is None:
             return BadRequestError(
