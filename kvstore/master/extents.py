@@ -129,13 +129,19 @@ class Extents:
             )
         length = ext.pieces.pop(start)
         end = start + length
-        cut = []  # the piece, re-cut in place: no free range changes
-        for lo, hi in ((start, item.offset), (item.offset, item.offset + size),
-                       (item.offset + size, end)):  # fmt: skip
-            if hi > lo:
-                cut.append((lo, hi - lo))
-                if lo != item.offset:
-                    ext.pieces[lo] = hi - lo
+        after = item.offset + size
+        if start == item.offset:  # a bump-allocated commit: the object, then the rest
+            cut = [(start, size)]
+            if end > after:
+                cut.append((after, end - after))
+                ext.pieces[after] = end - after
+        else:
+            cut = []  # the piece, re-cut in place: no free range changes
+            for lo, hi in ((start, item.offset), (item.offset, after), (after, end)):
+                if hi > lo:
+                    cut.append((lo, hi - lo))
+                    if lo != item.offset:
+                        ext.pieces[lo] = hi - lo
         alloc.split(start, length, cut)
         return Location(ext.node_id, seg.tier, ext.segment, item.offset, item.size)
 
