@@ -19,6 +19,8 @@ each Location then also carries its capability (field 6), appended as upb would.
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -296,9 +298,12 @@ CAP_BYTES = 45  # kvstore.security.capabilities.SIZE
 FIELD_BYTES = 2 + CAP_BYTES  # a Location's capability field: tag, length, capability
 _FIELD_HEAD = np.frombuffer(_CAP_TAG + bytes([CAP_BYTES]), np.uint8)
 _RANGE = slice(2 + 13, 2 + 29)  # a field's offset and length (u64 each) in its bytes
-# A capability's fields as numpy reads them (the body packs unsigned; values < 2**63)
-_CAP = np.dtype([("mode", "u1"), ("key", "<u4"), ("exp", "<i8"), ("off", "<i8"),
-                 ("len", "<i8"), ("tag", "V16")])  # fmt: skip
+# A capability field as numpy packs it: tag, length, then the capability (its body packs
+# unsigned; values < 2**63) and its MAC
+_FIELD = np.dtype([("tag", "u1"), ("n", "u1"), ("mode", "u1"), ("key", "<u4"), ("exp", "<i8"),
+                   ("off", "<i8"), ("len", "<i8"), ("mac", "V16")])  # fmt: skip
+MAC_GROUP = 32  # missed rows per segment, on average, above which MACs are called by map
+_UPDATE, _DIGEST = type(hashlib.blake2b()).update, type(hashlib.blake2b()).digest
 
 
 class CapabilityCache:
@@ -395,38 +400,63 @@ class CapabilityCache:
         if len(miss):
             key_arr = np.array(keys, _I64)
             row_key = key_arr[np.minimum(np.searchsorted(uniq, slots[miss]), len(uniq) - 1)]
-            self._mint(mat, miss, uniq, segs, slots, offs, sizes, row_key, mint)
-            stored = miss[keep[miss]]
-            at = rows[stored]
-            self.fields[at] = mat[stored]
+            fresh = self._mint(miss, uniq, segs, slots, offs, sizes, row_key, mint)
+            if len(miss) == n:
+                mat = fresh
+            else:
+                mat[miss] = fresh
+            kept = keep[miss]
+            at = rows[miss[kept]]
+            self.fields[at] = fresh if kept.all() else fresh[kept]
             self.epoch_of[at] = self.epoch
-            self.slot[at] = slots[stored]
+            self.slot[at] = slots[miss[kept]]
         return mat, np.where(has, FIELD_BYTES, 0)
 
     @staticmethod
     def _mint(
-        out: np.ndarray, miss: np.ndarray, uniq: np.ndarray, segs: list[Any], slots: np.ndarray,
+        miss: np.ndarray, uniq: np.ndarray, segs: list[Any], slots: np.ndarray,
         offs: np.ndarray, sizes: np.ndarray, row_key: np.ndarray, mint: Mint,
-    ) -> None:  # fmt: skip
-        """Fresh fields into `out[miss]`: bodies packed by numpy, one MAC call per row
-        (`row_key`: each missed row's key id)."""
-        macs = {s: mint.mac_of(g.node_id, g.name)  # type: ignore[attr-defined]
-                for s, g in zip(uniq.tolist(), segs, strict=True)}  # fmt: skip
-        bodies = np.zeros(len(miss), _CAP)
-        bodies["mode"], bodies["key"] = mint.mode, row_key  # type: ignore[attr-defined]
-        bodies["exp"] = mint.expiry  # type: ignore[attr-defined]
-        bodies["off"], bodies["len"] = offs[miss], sizes[miss]
-        raw = bodies.view(np.uint8).reshape(-1, CAP_BYTES)
-        flat = raw[:, :29].tobytes()
-        tags = []
-        for k, slot in enumerate(slots[miss].tolist()):
-            keyed, tail = macs[slot]
-            h = keyed.copy()
-            h.update(flat[29 * k : 29 * k + 29] + tail)
-            tags.append(h.digest())
-        raw[:, 29:] = np.frombuffer(b"".join(tags), np.uint8).reshape(-1, 16)
-        out[miss, :2] = _FIELD_HEAD
-        out[miss, 2:] = raw
+    ) -> np.ndarray:  # fmt: skip
+        """Fresh fields (len(miss) x 47) of rows `miss` (`row_key`: each one's key id):
+        packed by numpy; per row one copy of its node's MAC state, update and digest,
+        called by map from C when the rows come in large groups by segment."""
+        fields = np.zeros(len(miss), _FIELD)
+        fields["tag"], fields["n"] = _CAP_TAG[0], CAP_BYTES
+        fields["mode"], fields["key"] = mint.mode, row_key  # type: ignore[attr-defined]
+        fields["exp"] = mint.expiry  # type: ignore[attr-defined]
+        fields["off"], fields["len"] = offs[miss], sizes[miss]
+        raw = fields.view(np.uint8).reshape(-1, FIELD_BYTES)
+        at = slots[miss]
+        if len(miss) < MAC_GROUP * len(uniq):  # small groups: one loop over all rows
+            states = {s: mint.mac_of(g.node_id, g.name)  # type: ignore[attr-defined]
+                      for s, g in zip(uniq.tolist(), segs, strict=True)}  # fmt: skip
+            flat, tags = raw[:, 2:31].tobytes(), []
+            for k, slot in enumerate(at.tolist()):
+                keyed, tail = states[slot]
+                h = keyed.copy()
+                h.update(flat[29 * k : 29 * k + 29] + tail)
+                tags.append(h.digest())
+            raw[:, 31:] = np.frombuffer(b"".join(tags), np.uint8).reshape(-1, 16)
+            return raw
+        for slot, seg in zip(uniq.tolist(), segs, strict=True):  # by segment, MACs from C
+            rows = np.nonzero(at == slot)[0] if len(uniq) > 1 else None
+            part = raw if rows is None else raw[rows]
+            if not len(part):
+                continue
+            keyed, tail = mint.mac_of(seg.node_id, seg.name)  # type: ignore[attr-defined]
+            width = 29 + len(tail)  # a body, then the segment, NUL and node id
+            data = np.empty((len(part), width), np.uint8)
+            data[:, :29] = part[:, 2:31]
+            data[:, 29:] = np.frombuffer(tail, np.uint8)
+            flat, copy = data.tobytes(), keyed.copy
+            macs = [copy() for _ in range(len(part))]
+            deque(map(_UPDATE, macs, [flat[i : i + width] for i in range(0, len(flat), width)]), 0)
+            tags = np.frombuffer(b"".join(map(_DIGEST, macs)), np.uint8).reshape(-1, 16)
+            if rows is None:
+                raw[:, 31:] = tags
+            else:
+                raw[rows, 31:] = tags
+        return raw
 
 
 def _capabilities(

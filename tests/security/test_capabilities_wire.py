@@ -154,8 +154,9 @@ def test_hot_keys_reuse_their_grant_until_a_new_key(monkeypatch: pytest.MonkeyPa
     assert len(set(caps)) == len(caps)  # one grant per range, never shared
 
 
+@pytest.mark.parametrize("group", [0, 10**6])  # MACs by segment / row by row
 def test_cached_fields_are_fresh_ones_and_miss_after_any_change(
-    monkeypatch: pytest.MonkeyPatch,
+    group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reply cache keeps each row's encoded capability field and checks it once per
     reply (an epoch): its replies are byte for byte those minted afresh while the
@@ -165,6 +166,7 @@ def test_cached_fields_are_fresh_ones_and_miss_after_any_change(
 
     monkeypatch.setattr(batch, "SMALL", 0)
     monkeypatch.setattr(wire, "SMALL_BATCH", 0)
+    monkeypatch.setattr(wire, "MAC_GROUP", group)
     now = [100.0]
     state, svc, _ = servicer(secured=True)
     issuer = Issuer(clock=lambda: now[0])
