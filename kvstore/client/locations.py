@@ -10,7 +10,8 @@ copied must match the checksum, or the entry is dropped and the key goes through
 normal leased lookup (counted as stale): a forced remove whose space was reused, a node
 that moved, a failed read. So a cached read never returns wrong or torn bytes.
 
-SSD entries (`Cached.ssd`; only reads.py asks for them, `get(key, ssd=True)`): reads
+SSD entries (`Cached.ssd`: from a leased lookup, or from the writer's own put under
+its writer lease; only reads.py asks for them, `get(key, ssd=True)`): reads
 of SSD replicas count towards promotion in the master (`promote_after`), so a read
 served from one is not lost but noted (`served`) and reported with this client's next
 lookup (`take_reads`: BatchLookupRequest.cached_keys / cached_reads), which the master
@@ -130,11 +131,12 @@ class LocationCache:
 
     def put(
         self, key: str, size: int, checksum: int, replicas: Sequence[Location], lease_s: float,
-        ssd: bool = False,
+        ssd: bool = False, read: bool = True,
     ) -> None:  # fmt: skip
-        """Remember where `key` is for the `lease_s` a lookup leased it (only with a
-        checksum): its memory replicas, or with `ssd` its SSD ones if it has no memory
-        replica. A lookup result that is not cached drops what was cached for `key`."""
+        """Remember where `key` is for the `lease_s` a lookup (or the writer's commit:
+        not `read`) leased it, only with a checksum: its memory replicas, or with `ssd`
+        its SSD ones if it has no memory replica. A lookup result that is not cached
+        drops what was cached for `key`."""
         if not self.capacity:
             return
         memory = tuple(r for r in replicas if r.tier != Tier.SSD)
@@ -147,7 +149,7 @@ class LocationCache:
         # A little short of the lease: the master's clock started it before our reply came.
         life = min(self.ttl_s, lease_s * LEASE_MARGIN)
         now = self.clock()
-        entry = Cached(size, checksum, memory, now + life, on_ssd, 1 if on_ssd else 0)
+        entry = Cached(size, checksum, memory, now + life, on_ssd, int(on_ssd and read))
         with self._lock:
             entries = self._entries
             prior = entries.get(key)

@@ -208,12 +208,18 @@ def _started_put_op(
         end = yield Rpc("PutEnd", request)
         lease_s = end.read_lease_ms / 1000
         ctx.writer_leased |= lease_s > 0
+        if end.promote_after:  # for the SSD locations cached below
+            ctx.locations.promote_after = end.promote_after
         for j, (i, status) in enumerate(zip(ok, end.results, strict=True)):
             results[i] = err = error_for(status.code, status.message)
             if err is None and lease_s > 0:
                 locs = [replace(loc, capability=b"") for loc in started[i]]
                 sums_i = request.checksums[j]
-                ctx.locations.put(keys[i], views[i].nbytes, sums_i, locs, lease_s)
+                # SSD replicas too: the writer's reads of them are reported with its
+                # next lookup and count towards promotion (under this writer lease)
+                ctx.locations.put(
+                    keys[i], views[i].nbytes, sums_i, locs, lease_s, ssd=True, read=False
+                )
     written = set(ok)
     failed = [keys[i] for i in started if i not in written]
     if failed and settled:

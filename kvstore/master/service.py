@@ -163,6 +163,7 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
             done = (k for k, err in zip(request.keys, res, strict=True) if err is None)
             self.state.writer_leases.grant(request.client_id, done, lease, self.state.clock())
             reply.read_lease_ms = int(lease * 1000)
+            reply.promote_after = self.state.config.promote_after
         return reply
 
     def _writer_lease(self, asked_ms: int) -> float:

@@ -165,12 +165,14 @@ class PutEndRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., checksums: _Optional[_Iterable[int]] = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
 
 class PutEndResponse(_message.Message):
-    __slots__ = ("results", "read_lease_ms")
+    __slots__ = ("results", "read_lease_ms", "promote_after")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_AFTER_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
     read_lease_ms: int
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
+    promote_after: int
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., read_lease_ms: _Optional[int] = ..., promote_after: _Optional[int] = ...) -> None: ...
 
 class PutRevokeRequest(_message.Message):
     __slots__ = ("client_id", "keys")

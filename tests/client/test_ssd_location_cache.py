@@ -187,3 +187,25 @@ def test_a_failed_cached_ssd_read_drops_its_entry(tmp_path: Path) -> None:
         assert r._ctx.locations.stale == 1 and r._ctx.locations.ssd_hits == 0
         assert r._ctx.locations.get("gone", ssd=True) is None
         assert "BatchLookup" in calls.methods()
+
+
+def test_a_writer_reads_its_ssd_put_back_with_no_lookup_and_still_promotes(
+    tmp_path: Path,
+) -> None:
+    """The writer caches the SSD location its put wrote (under its writer lease): its
+    first read makes no master call; that read is reported with the next lookup, which
+    the master counts under the writer's own lease, so the second read (due, with
+    promote_after 2) queues the promotion as a reader's would."""
+    with pool(tmp_path, promote_after=2) as cluster, Client(cluster.address) as w:
+        w.put("mine", blob(8), tier=Tier.SSD)
+        entry = w._ctx.locations.get("mine", ssd=True)
+        assert entry is not None and entry.ssd and entry.reads == 0
+        calls = Calls(w)
+        assert w.get("mine") == blob(8)  # 1: from the cache
+        assert calls.methods() == [] and w._ctx.locations.ssd_hits == 1
+        assert w._ctx.locations.promote_after == 2  # the PutEnd reply said it
+        assert w.get("mine") == blob(8)  # 2: due: a lookup reporting read 1
+        (sent,) = calls.lookups()
+        assert list(sent.cached_keys) == ["mine"] and list(sent.cached_reads) == [1]
+        stats = cluster.wait_stats(lambda s: s.promotions >= 1 and s.moves_in_flight == 0, 20)
+        assert dram_segment(stats).promotions_in == 1
