@@ -296,7 +296,6 @@ def _locations(
 
 CAP_BYTES = 45  # kvstore.security.capabilities.SIZE
 FIELD_BYTES = 2 + CAP_BYTES  # a Location's capability field: tag, length, capability
-_FIELD_HEAD = np.frombuffer(_CAP_TAG + bytes([CAP_BYTES]), np.uint8)
 _RANGE = slice(2 + 13, 2 + 29)  # a field's offset and length (u64 each) in its bytes
 # A capability field as numpy packs it: tag, length, then the capability (its body packs
 # unsigned; values < 2**63) and its MAC
