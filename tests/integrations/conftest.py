@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def _reap_engine_shm() -> Iterator[None]:
     before = _segments()
     yield
     new = _segments() - before
-    if new:
-        for name in new - _mapped():
+    # A SIGKILLed engine's workers may still be exiting (unmapping) when its test ends:
+    # wait, bounded, until nothing maps what appeared (a CI run left two 160-240 MiB
+    # psm_ segments behind when this looked only once).
+    deadline = time.monotonic() + 20
+    while new:
+        busy = new & _mapped()
+        for name in new - busy:
             with contextlib.suppress(FileNotFoundError):
                 (SHM / name).unlink()
+        new = busy
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
