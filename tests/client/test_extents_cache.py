@@ -33,11 +33,12 @@ def allocated(pool: Cluster) -> int:
     return sum(s.used for s in pool.stats().segments)
 
 
-def overwrite_cached(client: Client, key: str, junk: bytes, at: int = 0) -> None:
-    """Write `junk` one-sided at `key`'s cached location (+`at`), as a raw writer
-    reusing its space would: the cached read's checksum must catch it."""
-    entry = client._ctx.locations.get(key)
-    assert entry is not None and entry.checksum
+def overwrite_cached(client: Client, key: str, junk: bytes, at: int = 0, ssd: bool = False) -> None:
+    """Write `junk` one-sided at `key`'s cached location (+`at`; with `ssd`, its cached
+    SSD location, into the slab), as a raw writer reusing its space (or a bad disk)
+    would: the cached read's checksum must catch it."""
+    entry = client._ctx.locations.get(key, ssd=ssd)
+    assert entry is not None and entry.checksum and entry.ssd == ssd
     loc = entry.replicas[0]
     desc = client._ctx.directory.descriptor(loc)
     assert desc is not None

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 from kvstore.client import Client
-from kvstore.client.datapath import Transfer
 from kvstore.client.steps import Rpc
 from kvstore.errors import CorruptError, KVStoreError
-from kvstore.transfer.base import TransferOp
 from kvstore.types import Tier
 from kvstore.v1 import master_pb2
+from tests.client.test_extents_cache import overwrite_cached
 from tests.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,25 +131,13 @@ def test_cached_ssd_reads_still_promote(tmp_path: Path) -> None:
         assert dram_segment(cluster.stats()).hits >= 1
 
 
-def overwrite_cached_ssd(client: Client, key: str, junk: bytes, at: int = 0) -> None:
-    """Write `junk` one-sided into the SSD slab at `key`'s cached location (+`at`), as
-    a raw writer reusing the range (or a bad disk) would."""
-    entry = client._ctx.locations.get(key, ssd=True)
-    assert entry is not None and entry.ssd
-    loc = entry.replicas[0]
-    desc = client._ctx.directory.descriptor(loc)
-    assert desc is not None
-    write = [Transfer(desc, loc.offset + at, memoryview(junk))]
-    assert client._ctx.data.run(TransferOp.WRITE, write).errors == [None]
-
-
 def test_an_overwritten_cached_ssd_range_is_never_served(no_promotion: Cluster) -> None:
     cluster = no_promotion
     with Client(cluster.address) as w, Client(cluster.address, timeout_s=5.0) as r:
         w.put("victim", blob(3), tier=Tier.SSD)
         assert r.get("victim") == blob(3)
         assert r.get("victim") == blob(3) and r._ctx.locations.ssd_hits == 1
-        overwrite_cached_ssd(r, "victim", b"\xff" * 4096, at=SIZE // 2)
+        overwrite_cached(r, "victim", b"\xff" * 4096, at=SIZE // 2, ssd=True)
         calls = Calls(r)
         with pytest.raises(CorruptError):  # cached read fails its check: looked up, and
             r.get("victim")  # the only replica fails it again: reported, never served
@@ -164,7 +151,7 @@ def test_an_overwritten_cached_ssd_range_is_never_served(no_promotion: Cluster) 
         w.put("a", blob(4), tier=Tier.SSD)
         w.put("b", blob(5), tier=Tier.SSD)
         assert r.get("b") == blob(5)
-        overwrite_cached_ssd(r, "b", blob(4))
+        overwrite_cached(r, "b", blob(4), ssd=True)
         with pytest.raises(CorruptError):
             r.get("b")
         assert r.get("a") == blob(4)
