@@ -69,20 +69,28 @@ def _lookup_few(state: MasterState, res: RowBatch, now: float, ttl: float, pin: 
     for i in res.ids.tolist():
         if i < 0:
             continue
-        state.counters.hits += 1
-        extra = t.extra.get(i)
-        seg = t.segments[t.seg_v[i]] if extra is None else state.registry.segments[
-            (extra[0].node_id, extra[0].segment)]  # fmt: skip
-        seg.counters.hits += 1
-        seg.counters.bytes_out += t.size_v[i]
-        t.hits_v[i] = min(t.hits_v[i] + 1, MAX_HITS)
         t.lease_v[i] = max(t.lease_v[i], now + ttl)
         if pin > 0:
             t.pin_v[i] = max(t.pin_v[i], now + pin)
-        g = t.group_v[i]
-        state.groups.touch_node(~g if g >= 0 else i)
-        if slow is not None and slow[t.seg_v[i]]:
-            state.tiering.on_hit(t.view(i))
+        _count_hits(state, i, 1, slow)
+
+
+def _count_hits(state: MasterState, i: int, n: int, slow: np.ndarray | None) -> None:
+    """`n` hits of row `i` (a lookup's, or reads a client served from its cache): hit
+    and byte counters of the pool and of the segment that serves it, the row's hit
+    count, the LRU, and promotion from a slow tier (`slow`: Tiering.slow_slots)."""
+    t = state.objects
+    state.counters.hits += n
+    extra = t.extra.get(i)
+    seg = t.segments[t.seg_v[i]] if extra is None else state.registry.segments[
+        (extra[0].node_id, extra[0].segment)]  # fmt: skip
+    seg.counters.hits += n
+    seg.counters.bytes_out += n * int(t.size_v[i])
+    t.hits_v[i] = min(int(t.hits_v[i]) + n, MAX_HITS)
+    g = t.group_v[i]
+    state.groups.touch_node(~g if g >= 0 else i)
+    if slow is not None and slow[t.seg_v[i]]:
+        state.tiering.on_hit(t.view(i), n)
 
 
 def count_cached(
@@ -107,17 +115,7 @@ def count_cached(
             continue
         if t.lease_v[i] <= now and not (client_id and writers.holder(keys[j], now) == client_id):
             continue
-        state.counters.hits += n
-        extra = t.extra.get(i)
-        seg = t.segments[t.seg_v[i]] if extra is None else state.registry.segments[
-            (extra[0].node_id, extra[0].segment)]  # fmt: skip
-        seg.counters.hits += n
-        seg.counters.bytes_out += n * int(t.size_v[i])
-        t.hits_v[i] = min(int(t.hits_v[i]) + n, MAX_HITS)
-        g = t.group_v[i]
-        state.groups.touch_node(~g if g >= 0 else i)
-        if slow is not None and slow[t.seg_v[i]]:
-            state.tiering.on_hit(t.view(i), n)
+        _count_hits(state, i, n, slow)
         counted += n
     return counted
 
