@@ -98,9 +98,9 @@ class ExtentHolder:
                 return None
             a = lease.alignment
             start = -(-lease.cursor // a) * a
-            base = lease.base
-            if start + size > base.offset + base.length:
+            if start + size > lease.end:
                 return None
+            base = lease.base
             loc = Location(base.node_id, base.tier, base.segment, start, size, base.capability)
             lease.cursor = start + size
             lease.users += 1
