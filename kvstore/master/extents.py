@@ -78,10 +78,17 @@ class Extent:
 class Extents:
     """Every live extent of a pool, with the segment lookups it needs."""
 
-    def __init__(self, segment_of: Callable[[str, str], Segment | None], ttl_s: float) -> None:
+    def __init__(
+        self, segment_of: Callable[[str, str], Segment | None], ttl_s: float,
+        journal: Callable[[str, list[Extent]], None] = lambda client_id, extents: None,
+    ) -> None:  # fmt: skip
         self._segment_of = segment_of
+        # told a client's live extents whenever they change (the journal keeps one record
+        # per client: a grant that releases the last extent is one write, not two)
+        self._journal = journal
         self.ttl_s = ttl_s
         self.live: dict[int, Extent] = {}
+        self._of_client: dict[str, dict[int, Extent]] = {}
         self._next_id = 1
         self.granted = 0
         self.expired = 0
@@ -93,9 +100,29 @@ class Extents:
             now + self.ttl_s, {loc.offset: self._held(loc)},
         )  # fmt: skip
         self._next_id += 1
-        self.live[ext.extent_id] = ext
+        self._insert(ext)
+        self.changed(client_id)
         self.granted += 1
         return ext
+
+    def _insert(self, ext: Extent) -> None:
+        self.live[ext.extent_id] = ext
+        self._of_client.setdefault(ext.client_id, {})[ext.extent_id] = ext
+
+    def _remove(self, ext: Extent) -> bool:
+        """Forget `ext` (False if it was not live) and tell the journal."""
+        if self.live.pop(ext.extent_id, None) is None:
+            return False
+        mine = self._of_client[ext.client_id]
+        del mine[ext.extent_id]
+        if not mine:
+            del self._of_client[ext.client_id]
+        self.changed(ext.client_id)
+        return True
+
+    def changed(self, client_id: str) -> None:
+        """Tell the journal the live extents of `client_id` (none: its record goes)."""
+        self._journal(client_id, list(self._of_client.get(client_id, {}).values()))
 
     def _held(self, loc: Location) -> int:
         """Bytes the allocator holds for the range at `loc` (its length, aligned up)."""
@@ -150,7 +177,7 @@ class Extents:
 
     def release(self, ext: Extent) -> int:
         """Free what is left of `ext`; bytes freed."""
-        self.live.pop(ext.extent_id, None)
+        self._remove(ext)
         seg = self._segment_of(ext.node_id, ext.segment)
         freed = 0
         for start, length in ext.pieces.items():
@@ -172,7 +199,26 @@ class Extents:
         """The segment went away with its allocator: forget its extents."""
         for ext in [e for e in self.live.values() if (e.node_id, e.segment) == (node_id, segment)]:
             ext.pieces.clear()
-            del self.live[ext.extent_id]
+            self._remove(ext)
+
+    def restore(
+        self, extent_id: int, client_id: str, node_id: str, segment: str, start: int,
+        size: int, now: float,
+    ) -> Extent | None:  # fmt: skip
+        """A predecessor's extent (a journal record), leased anew for `ttl_s`
+        from `now`: its pieces are the parts of its range that nothing else holds
+        (restored objects, later extents). None when nothing of it is left (the caller
+        then re-journals the client: `changed`)."""
+        self._next_id = max(self._next_id, extent_id + 1)
+        seg = self._segment_of(node_id, segment)
+        pieces = seg.allocator.claim_free(start, seg.allocator.aligned(size)) if seg else []
+        if not pieces:
+            return None
+        ext = Extent(
+            extent_id, client_id, node_id, segment, start, size, now + self.ttl_s, dict(pieces)
+        )
+        self._insert(ext)
+        return ext
 
     def pieces(self) -> Iterator[tuple[str, str, int, int]]:
         """(node, segment, offset, size) of every uncommitted piece (integrity checks)."""

@@ -34,7 +34,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -44,8 +44,13 @@ from kvstore.errors import KVStoreError, NotLeaderError, UnavailableError
 from kvstore.fastlane import FastLaneServer
 from kvstore.master.config import MasterConfig
 from kvstore.master.coord import Coordinator, DeposedError, EtcdCoordinator, HAConfig, LeaderInfo
+from kvstore.master.extents import Extent
 from kvstore.master.journal import (
     Snapshot,
+    extents_key,
+    extents_record,
+    move_key,
+    move_record,
     node_key,
     node_record,
     object_key,
@@ -57,6 +62,7 @@ from kvstore.master.journal import (
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import NodeInfo, ObjectMeta, Segment
 from kvstore.master.service import MasterServicer
+from kvstore.master.tiering import Move
 from kvstore.security import config as security_config
 from kvstore.security.guard import MasterGuard
 from kvstore.v1 import master_pb2_grpc
@@ -134,6 +140,15 @@ class ReplicatedJournal:
 
     def drop_object(self, key: str) -> None:
         self._put(object_key(key), None)
+
+    def save_extents(self, client_id: str, extents: Sequence[Extent]) -> None:
+        self._put(extents_key(client_id), extents_record(client_id, extents))
+
+    def save_move(self, move: Move) -> None:
+        self._put(move_key(move.task_id), move_record(move))
+
+    def drop_move(self, task_id: int) -> None:
+        self._put(move_key(task_id), None)
 
     def load(self) -> Snapshot:
         return self._snapshot

@@ -86,7 +86,9 @@ class MasterState:
         self.journaled = not isinstance(self.journal, NullJournal)
         self.tiering = Tiering(self)
         self._durable = np.zeros(0, bool)  # per segment slot: a durable tier
-        self.extents = Extents(self._segment_or_none, config.extent_ttl_s)
+        self.extents = Extents(
+            self._segment_or_none, config.extent_ttl_s, journal=self.journal.save_extents
+        )
         self.writer_leases = WriterLeases(config.writer_lease_ttl_s)
 
     # ---- nodes and segments -------------------------------------------------
@@ -164,6 +166,9 @@ class MasterState:
         (the service encodes replies from the rows)."""
         self.writer_leases.check_put(client_id, cols.keys, self.clock())
         res = batch.put_start(self, client_id, client_node, cols)
+        if self.journaled:  # the writer is about to write there: a successor must know
+            for i in res.ids[res.ids >= 0].tolist():
+                self.journal.save_object(self.objects.view(i))
         self.evict_to_watermark()
         return res
 
@@ -322,8 +327,7 @@ class MasterState:
         loc = self._place_extent(client_id, client_node, size, min_size)
         if loc is None:  # the client's puts go by PutStart (which may offload or evict)
             raise NoSpaceError(f"no memory segment is where a put of {min_size} bytes goes")
-        locs = [loc]
-        ext = self.extents.add(client_id, locs[0], now)
+        ext = self.extents.add(client_id, loc, now)  # journaled: a successor keeps it
         self.evict_to_watermark()
         return ext
 
@@ -341,7 +345,12 @@ class MasterState:
         if not ranked or ranked[0].tier == Tier.SSD:
             return None
         seg = ranked[0]
-        for want in (max(min_size, min(size, seg.capacity // 16)), min_size):
+        target = max(min_size, min(size, seg.capacity // 16))
+        # a fragmented segment (small objects evicted here and there) has no range that
+        # large: its largest free one, rather than one object's worth per grant
+        for want in (target, min(target, seg.allocator.largest_free()), min_size):
+            if want < min_size:
+                continue
             offset = seg.allocate(want)
             if offset is not None:
                 return Location(seg.node_id, seg.tier, seg.name, offset, want)
@@ -640,7 +649,7 @@ class MasterState:
         self.writing.pop(obj.key, None)
         if len(self.writer_leases):
             self.writer_leases.dropped(obj.key, self.clock())
-        if state is ObjectState.COMPLETE:
+        if state is ObjectState.COMPLETE or self.journaled:  # (WRITING ones are journaled)
             self.journal.drop_object(obj.key)
 
     # ---- integrity and restore ----------------------------------------------
@@ -695,10 +704,15 @@ class MasterState:
         lease[rows] = np.maximum(lease[rows], self.clock() + lease_s)  # one pass
 
     def restore(self) -> int:
-        """Reload nodes, segments and committed objects from the journal; objects loaded.
+        """Reload nodes, segments, objects and extents from the journal; objects loaded.
 
         Restored nodes get a fresh heartbeat deadline: those that do not heartbeat
-        within `node_ttl_s` are declared dead as usual.
+        within `node_ttl_s` are declared dead as usual. Objects still in WRITING get a
+        fresh `put_timeout_s` (their writer may commit them here); the destinations of
+        COPYs a node was handed stay held until it reports them (kvstore.master.tiering);
+        extents get a fresh `extent_ttl_s`, each keeping the parts of its range nothing
+        else holds (the newest extent first: a range an older one gave up may have gone
+        to it).
         """
         snap = self.journal.load()
         now = self.clock()
@@ -714,6 +728,19 @@ class MasterState:
             self._attach(seg)
         for rec in snap.objects:
             self._restore_object(rec, now)
+        for rec in snap.moves:  # exact ranges: before the extents take what is left
+            self.tiering.restore_move(rec)
+        granted = [(row, rec["client"]) for rec in snap.extents for row in rec["extents"]]
+        shrunk = set()
+        for row, client_id in sorted(granted, key=lambda g: -g[0][0]):  # newest first
+            extent_id, node_id, name, start, length = row
+            if (
+                self.extents.restore(extent_id, client_id, node_id, name, start, length, now)
+                is None
+            ):
+                shrunk.add(client_id)
+        for client_id in sorted(shrunk):
+            self.extents.changed(client_id)
         return len(self.objects)
 
     def _restore_object(self, rec: dict[str, Any], now: float) -> None:
@@ -722,6 +749,6 @@ class MasterState:
         for loc in locs:
             seg = self.registry.segment(loc.node_id, loc.segment)
             seg.allocator.allocate_at(loc.offset, loc.length)
-        self._new_object(
-            key, size, group, ObjectState.COMPLETE, locs, "", now, rec.get("checksum", 0)
-        )
+        state = ObjectState.WRITING if rec.get("writing") else ObjectState.COMPLETE
+        writer = rec.get("writer", "")
+        self._new_object(key, size, group, state, locs, writer, now, rec.get("checksum", 0))

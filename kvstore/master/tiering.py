@@ -27,16 +27,17 @@ layer turns results into futures and paces dispatch by `move_bytes_per_s`.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import count
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvstore.errors import CorruptError, KVStoreError
+from kvstore.errors import BadRequestError, CorruptError, KVStoreError
 from kvstore.master.eviction import group_evictable
 from kvstore.master.model import ObjectMeta, Segment
 from kvstore.types import Location, Tier
@@ -107,7 +108,15 @@ class Tiering:
     tombstones: dict[str, set[str]] = field(default_factory=dict)
     _fastest: dict[str, Tier] = field(default_factory=dict)  # node -> its fastest tier
     _slow: np.ndarray | None = None  # see slow_slots
-    _ids: count[int] = field(default_factory=lambda: count(1))
+    # node -> COPYs a predecessor master handed it (restored from the journal): their
+    # destinations stay held until the node reports them or polls without them.
+    orphans: dict[str, set[int]] = field(default_factory=dict)
+    # Task ids are unique across masters, not only within one: a node keeps the results
+    # it could not report and reports them to whichever master answers next, which must
+    # not mistake them for its own moves. Numbered from the wall clock in microseconds
+    # (a successor starts later than its predecessor numbered its tasks) and, on a
+    # restore, from above every id the journal holds.
+    _ids: count[int] = field(default_factory=lambda: count(time.time_ns() // 1000))
 
     # ---- queues ---------------------------------------------------------------
 
@@ -122,9 +131,12 @@ class Tiering:
         """Hand up to `limit` pending moves of `node_id` to it (they are then in flight)."""
         queue = self.pending.get(node_id)
         out: list[Move] = []
+        journal = self.state.journal
         while queue and len(out) < limit:
             move = queue.popleft()
             self.inflight[move.task_id] = move
+            if move.dst_reserved:  # the node writes there from now on: a successor must know
+                journal.save_move(move)
             out.append(move)
         return out
 
@@ -295,10 +307,37 @@ class Tiering:
             del self.inflight[res.task_id]
             self._finish(move, res)
             applied.append(res)
+        # A poll reports everything the node ran since its last one, so a predecessor's
+        # COPY it did not report never reached it (or died with the reply): over.
+        for task_id in self.orphans.pop(node_id, ()):
+            move = self.inflight.pop(task_id, None)
+            if move is not None:
+                self._drop_move(move, "", "")
         return applied
+
+    def restore_move(self, rec: dict[str, Any]) -> None:
+        """A predecessor's COPY in flight (a journal record): its destination is held, as
+        a cancelled move of this master's, until its node reports or polls without it."""
+        self._ids = count(max(next(self._ids), rec["id"] + 1))
+        state = self.state
+        seg = state.registry.segments.get((rec["node"], rec["segment"]))
+        dst = Location(rec["node"], Tier(rec["tier"]), rec["segment"], rec["offset"], rec["length"])
+        try:
+            if seg is None:
+                raise BadRequestError("segment gone")
+            seg.allocator.allocate_at(dst.offset, dst.length)
+        except BadRequestError:  # gone, or its range is another's: that move ended
+            state.journal.drop_move(rec["id"])
+            return
+        move = Move(rec["id"], MoveKind.COPY, Purpose.OFFLOAD, rec["key"], dst, cancelled=True)
+        move.dst_reserved = True
+        self.inflight[move.task_id] = move
+        self.orphans.setdefault(move.node_id, set()).add(move.task_id)
 
     def _finish(self, move: Move, res: MoveResult) -> None:
         state = self.state
+        if move.dst_reserved:
+            state.journal.drop_move(move.task_id)
         obj = state.objects.get(move.key)
         if move.kind is MoveKind.FORGET:
             return
@@ -403,6 +442,8 @@ class Tiering:
                 self._drop_move(move, node_id, name)
 
     def _drop_move(self, move: Move, node_id: str, name: str) -> None:
+        if move.dst_reserved:
+            self.state.journal.drop_move(move.task_id)
         obj = self.state.objects.get(move.key)
         if obj is not None and obj.moving == move.task_id:
             obj.moving = 0

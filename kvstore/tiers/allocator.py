@@ -180,6 +180,20 @@ class OffsetAllocator:
             self._insert_free(offset + size, end - offset - size)
         self._claimed(offset, size, 1)
 
+    def claim_free(self, offset: int, size: int) -> list[tuple[int, int]]:
+        """Claim every free part of [offset, offset + size), each as an allocation of its
+        own; their (offset, size), ascending (a master restoring a range it only partly
+        knows the allocations of). O(free ranges)."""
+        end = offset + self._check_size(size)
+        parts = sorted(
+            (max(start, offset), min(start + length, end))
+            for start, length in self._free_by_start.items()
+            if start < end and offset < start + length
+        )
+        for lo, hi in parts:
+            self.allocate_at(lo, hi - lo)
+        return [(lo, hi - lo) for lo, hi in parts]
+
     def split(self, offset: int, size: int, pieces: Sequence[tuple[int, int]]) -> None:
         """Re-cut the allocation [offset, +size) into `pieces` ((offset, aligned size),
         ascending), which must tile it exactly: no free range changes, so it costs no

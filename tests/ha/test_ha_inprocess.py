@@ -160,6 +160,9 @@ def test_clients_use_the_leaders_fast_lane_and_follow_it(
         c.put("b", b"2" * 100)  # the old leader's lane refuses it: gRPC follows the leader
         assert c._router.fallbacks >= 1
         assert c.get("b") == b"2" * 100 and c.get("a") == b"1" * 100
+        # (both reads came from the writer's cache; its extent, restored by the new leader,
+        # took "b"'s commit: the next master call is the first to probe the new lane)
+        c.put("c", b"3" * 100)
         assert c._router.lane is not None and c._router.lane.address == new.lane_address
         new.state.check_integrity()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.master.config import MasterConfig
+from kvstore.master.journal import MetaJournal
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint
 from kvstore.types import Tier
@@ -28,14 +29,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make_state(clock: FakeClock, **overrides: object) -> MasterState:
+def make_state(
+    clock: FakeClock, journal: MetaJournal | None = None, **overrides: object
+) -> MasterState:
     fields: dict[str, object] = {
         "node_ttl_s": 10, "heartbeat_interval_s": 1, "put_timeout_s": 30,
         "default_lease_ttl_s": 5, "high_watermark": 0.9, "low_watermark": 0.5,
         "default_alignment": 64,
     }  # fmt: skip
     cfg = MasterConfig(**{**fields, **overrides})  # type: ignore[arg-type]
-    return MasterState(cfg, clock=clock)
+    return MasterState(cfg, clock=clock, journal=journal)
 
 
 @pytest.fixture

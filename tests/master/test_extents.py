@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvstore.errors import BadRequestError, ExistsError, NoSpaceError, NotFoundError
 from kvstore.master.extents import CommitItem
+from kvstore.master.journal import RocksJournal
 from kvstore.master.metadata import MasterState
-from kvstore.master.model import Endpoint, ObjectState
-from kvstore.types import Tier
+from kvstore.master.model import Endpoint, ObjectState, PutItem
+from kvstore.types import ObjectKey, Tier
 
 from .conftest import FakeClock, make_state
 
@@ -104,3 +107,67 @@ def test_release_on_grant_unmount_and_no_space(clock: FakeClock) -> None:
     st.check_integrity()
     with pytest.raises(NoSpaceError):  # only SSD is left: extents live in DRAM only
         st.grant_extent("w", "a", 4096, 4096)
+
+
+def test_a_restarted_master_keeps_extents_and_puts_in_flight(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Bug 4 (docs/reliability.md): space a client may still be writing into (an extent
+    lease, a put between PutStart and PutEnd) is journaled, and a successor restoring
+    the journal neither hands it to another writer nor loses the writer's commit."""
+    db = str(tmp_path / "db")
+
+    def master() -> MasterState:
+        return make_state(clock, RocksJournal(db), extent_ttl_s=10.0)
+
+    st = master()
+    st.register_node("a", Endpoint("a:1", "h"), "inc1")
+    st.mount_segment("a", "a-dram", Tier.DRAM, SEG)
+    ext = st.grant_extent("w", "a", 4096, 4096)
+    gone = st.grant_extent("v", "a", 4096, 4096)
+    st.commit_extent("v", gone.extent_id, [], release=True)  # ended: its record goes
+    assert st.commit_extent("w", ext.extent_id, [CommitItem("k0", ext.start + 1024, 100)]) == [None]
+    pieces = sorted(ext.pieces.items())  # the rest, before and after k0
+    assert isinstance(st.put_start("p", "a", [PutItem(ObjectKey("p"), 500)])[0], list)
+    assert isinstance(st.put_start("q", "a", [PutItem(ObjectKey("q"), 500)])[0], list)
+    writing = {k: st.objects[k].replicas for k in ("p", "q")}
+    st.journal.close()
+
+    again = master()
+    assert again.restore() == 3
+    again.check_integrity()  # objects + restored extent pieces == allocator usage
+    back = again.extents.live[ext.extent_id]
+    assert list(again.extents.live) == [ext.extent_id]
+    assert (back.client_id, back.start, sorted(back.pieces.items())) == ("w", ext.start, pieces)
+    assert {k: again.objects[k].state for k in writing} == dict.fromkeys(
+        writing, ObjectState.WRITING
+    )
+    assert {k: again.objects[k].replicas for k in writing} == writing
+    # a fresh placement lands outside everything a writer may still write into
+    fresh = again.put_start("x", "a", [PutItem(ObjectKey("x"), 4096)])[0]
+    assert isinstance(fresh, list)
+    held = [(ext.start, ext.start + ext.size)] + [
+        (r.offset, r.offset + r.length) for locs in writing.values() for r in locs
+    ]
+    assert all(fresh[0].offset >= hi or fresh[0].offset + 4096 <= lo for lo, hi in held)
+    # the writers finish what they started before the restart
+    assert again.put_end("p", ["p"]) == [None]
+    assert again.commit_extent("w", ext.extent_id, [CommitItem("k1", ext.start, 100)]) == [None]
+    assert again.grant_extent("v", "a", 4096, 4096).extent_id > ext.extent_id
+    again.check_integrity()
+    clock.advance(31)  # past put_timeout_s from the restore: "q" was never committed
+    again.heartbeat("a")
+    again.tick()
+    assert "q" not in again.objects and "x" not in again.objects
+    again.check_integrity()
+    again.journal.close()
+
+    third = master()  # ended extents and reclaimed puts left the journal
+    third.restore()
+    assert sorted(third.objects) == ["k0", "k1", "p"]
+    assert third.objects["p"].state is ObjectState.COMPLETE
+    assert third.objects["k0"].writer == "w"  # (authz: only its writer removes it)
+    assert third.put_end("p", ["p"]) == [None]  # a PutEnd retried across it: still ok
+    assert third.journal.load().extents == [] and not third.extents.live  # both ran out
+    third.check_integrity()
+    third.journal.close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvstore.errors import CorruptError, TransferError
+from kvstore.master.journal import MetaJournal, RocksJournal
 from kvstore.master.metadata import MasterState
 from kvstore.master.model import Endpoint, PutItem
 from kvstore.master.tiering import MoveKind, MoveResult, Purpose
@@ -11,9 +14,9 @@ from kvstore.types import ObjectKey, Tier
 from .conftest import FakeClock, make_state
 
 
-def pool(clock: FakeClock, **overrides: object) -> MasterState:
+def pool(clock: FakeClock, journal: MetaJournal | None = None, **overrides: object) -> MasterState:
     """Node a: DRAM 1024 + SSD 4096; watermarks 0.5 / 0.25, 64-byte alignment."""
-    st = make_state(clock, **{"high_watermark": 0.5, "low_watermark": 0.25, **overrides})
+    st = make_state(clock, journal, **{"high_watermark": 0.5, "low_watermark": 0.25, **overrides})
     st.register_node("a", Endpoint("a:1", "h"), "inc1")
     st.mount_segment("a", "a-dram", Tier.DRAM, 1024)
     st.mount_segment("a", "a-ssd", Tier.SSD, 4096)
@@ -181,3 +184,41 @@ def test_an_object_removed_while_its_node_restarts_stays_removed(clock: FakeCloc
     put(st, "gone", tier=Tier.SSD)
     assert st.objects["gone"].state.name == "COMPLETE"
     st.check_integrity()
+
+
+def test_a_successor_holds_the_copies_a_node_was_handed(tmp_path: Path, clock: FakeClock) -> None:
+    """Bug 4 (docs/reliability.md), for tier moves: a COPY handed to a node is journaled,
+    so a restarted master keeps its destination out of new placements until the node
+    reports it (or polls without it); its own task ids never collide with the old ones."""
+    db = str(tmp_path / "db")
+    st = pool(clock, journal=RocksJournal(db))
+    for k in ("cold", "hot", "new"):
+        put(st, k)
+    old = st.tiering.take("a", 10)
+    assert [m.key for m in old] == ["cold", "hot"]
+    held = sorted((m.dst.offset, m.dst.length) for m in old)
+    st.journal.close()
+
+    again = pool(clock, journal=RocksJournal(db))
+    again.restore()
+    again.check_integrity()  # the held destinations count as the allocator's usage
+    ssd = again.registry.segment("a", "a-ssd")
+    assert ssd.used == 512 and again.tiering.orphans == {"a": {m.task_id for m in old}}
+    again.evict_to_watermark()  # DRAM is still past its watermark: offload anew
+    fresh = again.tiering.take("a", 10)
+    assert sorted(m.key for m in fresh) == ["cold", "hot"]
+    assert min(m.task_id for m in fresh) > max(m.task_id for m in old)
+    for m in fresh:  # never into a range the node may still be copying into
+        assert all(m.dst.offset >= o + n or m.dst.offset + m.dst.length <= o for o, n in held)
+    # the node reports one old COPY (done) and not the other: both ranges are freed, and
+    # the one it wrote into its index is forgotten there; the stale id is no new move's
+    again.complete_moves("a", [MoveResult(old[0].task_id)])
+    assert ssd.used == 512 and not again.tiering.orphans  # only the fresh copies' ranges
+    forgets = again.tiering.take("a", 10)
+    assert [(m.kind, m.dst.offset) for m in forgets] == [(MoveKind.FORGET, old[0].dst.offset)]
+    assert tiers(again, "cold") == [Tier.DRAM]  # the fresh copy is not done yet
+    again.complete_moves("a", [MoveResult(m.task_id) for m in fresh])
+    assert tiers(again, "cold") == [Tier.SSD] and tiers(again, "hot") == [Tier.SSD]
+    again.check_integrity()
+    assert again.journal.load().moves == []  # every COPY ended: no record is left
+    again.journal.close()

@@ -88,6 +88,19 @@ def test_allocate_at_claims_exact_ranges() -> None:
     alloc.check_integrity()
 
 
+def test_claim_free_claims_only_the_free_parts_of_a_range() -> None:
+    alloc = OffsetAllocator(4096, alignment=512)
+    alloc.allocate_at(1024, 512)
+    alloc.allocate_at(2560, 512)
+    assert alloc.claim_free(512, 3072) == [(512, 512), (1536, 1024), (3072, 512)]
+    assert alloc.free_ranges() == [(0, 512), (3584, 512)]  # outside the range: left free
+    assert alloc.size_of(1536) == 1024  # each part is an allocation of its own
+    assert alloc.claim_free(1024, 1024) == []  # nothing free there: nothing claimed
+    alloc.check_integrity()
+    with pytest.raises(BadRequestError):
+        alloc.claim_free(0, 0)
+
+
 @pytest.mark.parametrize("track", [True, False])
 def test_split_recuts_an_allocation_in_place(track: bool) -> None:
     a = OffsetAllocator(4096, 64, track=track)
