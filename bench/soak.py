@@ -10,7 +10,7 @@ Every `--sample-s` (2 s) the RSS of every process (masters, nodes, etcd, this on
 sampled, with its RssAnon (heap; the rest is mapped files, e.g. etcd's bbolt, and shared
 memory). The slope of each (MiB/min, bench/rss_slope.py): the Theil-Sen slope (the
 median of every pair's) of the samples after a warm-up of the first third of the run
-(`warmup_s` in the JSON: 60 s of a `--ci` run, 600 s of a 30-minute one), so that a
+(`warmup_s` in the JSON: 100 s of a `--ci` run, 600 s of a 30-minute one), so that a
 burst's spikes and a collector's dips do not tilt it; `rss_lsq_slope_mib_per_min` is
 the least-squares line through the same samples (the figure of the runs before
 2026-12-02, then after the first quarter). A master elected after the warm-up (a
@@ -33,10 +33,10 @@ objective a deep prefill queue misses and together far more KV than the decode n
 `retry-after-ms` trailing metadata and "retry after Xs" in the message): each
 rejection must carry a hint and is retried after it; no untyped error, no process
 dies. Their RSS is sampled as the others'.
-`--ci` is a 3-minute run, the one CI runs with every target asserted
-(tests/ha/test_benches.py::test_soak_3_minutes). Targets (issue 11): RSS slope of every
+`--ci` is a 5-minute run, the one CI runs with every target asserted
+(tests/ha/test_benches.py::test_soak_5_minutes). Targets (issue 11): RSS slope of every
 process < 1 MiB/min after warm-up, 0 integrity failures (docs/reliability.md,
-"bench/soak.py", for what a 3-minute run can and cannot judge). Writes
+"bench/soak.py", for what a short run can and cannot judge). Writes
 bench/results/soak.json. The temporary directory (etcd's data, the processes' logs) is
 removed at the end unless --keep-workdir.
 """
@@ -60,6 +60,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# What CI runs. 5 minutes, not 3: since the pool places extents in fragmented segments
+# (2026-12-03) the soak writes ~1.5x the journal records per second, and etcd's RSS,
+# creeping ~0.5 MiB/min at that rate, read 0.8 and 1.4 over the 2 minutes after a 3-min
+# run's warm-up, 0.5-0.6 over 200 s (docs/reliability.md, "bench/soak.py").
+CI_SECONDS = 300.0
 sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
@@ -509,7 +514,7 @@ def run(args: argparse.Namespace, seconds: float, workdir: Path) -> Outcome:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=1800)
-    p.add_argument("--ci", action="store_true", help="a 3-minute run")
+    p.add_argument("--ci", action="store_true", help="a 5-minute run")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--sample-s", type=float, default=2.0)
     p.add_argument("--kill-leader-every", type=float, default=0.0, help="0 = never")
@@ -525,7 +530,7 @@ def main() -> int:
     if find_etcd() is None:
         print("bench/soak.py: no etcd binary (apt-get install etcd-server)", file=sys.stderr)
         return 4
-    seconds = 180.0 if args.ci else args.seconds
+    seconds = CI_SECONDS if args.ci else args.seconds
     workdir = Path(tempfile.mkdtemp(prefix="kvs-soak-"))
     try:
         o = run(args, seconds, workdir)

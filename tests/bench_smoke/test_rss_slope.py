@@ -18,7 +18,7 @@ from bench.rss_slope import (
     theil_sen_mib_per_min,
 )
 
-RUN_S = 180.0  # bench/soak.py --ci
+RUN_S = 180.0  # a 3-minute soak (bench/soak.py --seconds 180; --ci was one until 2026-12-03)
 SAMPLE_S = 2.0
 
 

@@ -1,4 +1,4 @@
-"""bench/failover.py end to end at a tiny size, bench/soak.py's 3-minute run with its
+"""bench/failover.py end to end at a tiny size, bench/soak.py's 5-minute run with its
 targets (real etcd, processes)."""
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ def test_failover_bench_one_trial(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["trials"] == 1
 
 
-@pytest.mark.timeout(480)
-def test_soak_3_minutes(tmp_path: Path) -> None:
-    """bench/soak.py --ci (8 clients and the serving workload, 180 s) with every target of
-    issue 11 asserted: each process's RSS slope after the warm-up (the first minute) <
+@pytest.mark.timeout(600)
+def test_soak_5_minutes(tmp_path: Path) -> None:
+    """bench/soak.py --ci (8 clients and the serving workload, 300 s) with every target of
+    issue 11 asserted: each process's RSS slope after the warm-up (the first 100 s) <
     1 MiB/min (Theil-Sen, bench/rss_slope.py; a master that took over after it, and
     etcd then, are not judged), 0 integrity failures, every rejection with a hint, no
     untyped error, no process died."""
     out = tmp_path / "soak.json"
-    r = _bench("bench/soak.py", "--ci", "--out", str(out), timeout_s=450)
+    r = _bench("bench/soak.py", "--ci", "--out", str(out), timeout_s=570)
     assert r["integrity_failures"] == 0 and r["untyped_errors"] == 0
     assert r["ops"]["put"] > 5000 and r["verified"] > 1000
     if not r["leader_elections"]:  # (a new leader counts evictions from its takeover)
@@ -59,7 +59,7 @@ def test_soak_3_minutes(tmp_path: Path) -> None:
     slopes = r["rss_slope_mib_per_min"]
     names = {"master0", "master1", "master2", "n0", "n1", "n2", "etcd", "prefill", "decode"}
     assert names | {"conductor", "clients"} <= set(slopes)
-    assert r["warmup_s"] == 60.0 and r["target_slope_mib_per_min"] == 1.0
+    assert r["warmup_s"] == 100.0 and r["target_slope_mib_per_min"] == 1.0
     judged = {k: v for k, v in slopes.items() if k not in r["rss_slope_not_judged"]}
     assert {"clients", "conductor", "prefill", "decode", "n0", "n1", "n2"} <= set(judged)
     if not r["leader_elections"]:  # no takeover: etcd served no index load, it is judged
