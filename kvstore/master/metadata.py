@@ -365,7 +365,14 @@ class MasterState:
         `read_lease_s` > 0: the writer holds a writer lease on each key committed
         (kvstore.master.writerleases)."""
         now = self.clock()
-        ext = self.extents.owned(client_id, extent_id, now)
+        try:
+            ext = self.extents.owned(client_id, extent_id, now)
+        except NotFoundError:
+            # a retry of a call whose reply was lost (a failover) after it released the
+            # extent: done already when every item is an object this writer committed
+            if items and all(self._committed_as(client_id, None, it) for it in items):
+                return [None] * len(items)
+            raise
         results = [self._commit_placed(client_id, ext, item, now) for item in items]
         if read_lease_s > 0:
             done = (it.key for it, err in zip(items, results, strict=True) if err is None)
@@ -387,6 +394,8 @@ class MasterState:
             return refused
         old = self.objects.get(item.key)
         if old is not None and not self._stale_write(old, now):
+            if self._committed_as(client_id, ext, item):
+                return None  # a retried commit (its reply lost in a failover): done already
             what = "being written" if old.state is ObjectState.WRITING else "committed"
             return ExistsError(f"key {item.key!r} is already {what}")
         loc = self.extents.carve(ext, item)
@@ -402,6 +411,20 @@ class MasterState:
         self.groups.touch_id(obj.id)  # as a commit touches its group
         self.journal.save_object(obj)
         return None
+
+    def _committed_as(self, client_id: str, ext: Extent | None, item: CommitItem) -> bool:
+        """`item` is already committed, by this writer, at this place of `ext` (any extent
+        of the writer when None: a released one), with these bytes (the checksum)."""
+        obj = self.objects.get(item.key)
+        if obj is None or obj.state is not ObjectState.COMPLETE or obj.writer != client_id:
+            return False
+        if obj.size != item.size or obj.checksum != item.checksum:
+            return False
+        return any(
+            loc.offset == item.offset
+            and (ext is None or (loc.node_id, loc.segment) == (ext.node_id, ext.segment))
+            for loc in obj.replicas
+        )
 
     def _segment_or_none(self, node_id: str, name: str) -> Segment | None:
         return self.registry.segments.get((node_id, name))

@@ -171,3 +171,43 @@ def test_a_restarted_master_keeps_extents_and_puts_in_flight(
     assert third.journal.load().extents == [] and not third.extents.live  # both ran out
     third.check_integrity()
     third.journal.close()
+
+
+def test_a_commit_retried_after_a_restart_is_answered_done(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A CommitExtent whose reply was lost in a failover is retried by the client: the
+    successor answers it done (the same writer, place and checksum), even once the first
+    try released the extent, and still refuses anything else for that key."""
+    db = str(tmp_path / "db")
+    st = make_state(clock, RocksJournal(db), extent_ttl_s=10.0)
+    st.register_node("a", Endpoint("a:1", "h"), "inc1")
+    st.mount_segment("a", "a-dram", Tier.DRAM, SEG)
+    ext = st.grant_extent("w", "a", 4096, 4096)
+    kept = st.grant_extent("w", "a", 4096, 4096)
+    first = [CommitItem("k0", ext.start, 100, 7), CommitItem("k1", ext.start + 1024, 50, 8)]
+    assert st.commit_extent("w", ext.extent_id, first, release=True) == [None, None]
+    assert st.commit_extent("w", kept.extent_id, [CommitItem("k2", kept.start, 10, 9)]) == [None]
+    st.journal.close()
+
+    again = make_state(clock, RocksJournal(db), extent_ttl_s=10.0)
+    again.restore()
+    used = again.registry.segments[("a", "a-dram")].used
+    assert again.commit_extent("w", ext.extent_id, first, release=True) == [None, None]
+    assert again.commit_extent("w", kept.extent_id, [CommitItem("k2", kept.start, 10, 9)]) == [
+        None
+    ]
+    again.check_integrity()
+    assert again.registry.segments[("a", "a-dram")].used == used  # nothing carved twice
+    # not the same commit: other bytes, another place, another writer
+    res = again.commit_extent(
+        "w", kept.extent_id,
+        [CommitItem("k2", kept.start, 10, 10), CommitItem("k0", kept.start + 1024, 100, 7)],
+    )  # fmt: skip
+    assert [type(e) for e in res] == [ExistsError, ExistsError]
+    with pytest.raises(NotFoundError):  # a released extent: only a true retry is done
+        again.commit_extent("w", ext.extent_id, [CommitItem("k0", ext.start, 100, 8)])
+    with pytest.raises(NotFoundError):
+        again.commit_extent("v", ext.extent_id, first)
+    again.check_integrity()
+    again.journal.close()
