@@ -194,9 +194,7 @@ def test_a_commit_retried_after_a_restart_is_answered_done(
     again.restore()
     used = again.registry.segments[("a", "a-dram")].used
     assert again.commit_extent("w", ext.extent_id, first, release=True) == [None, None]
-    assert again.commit_extent("w", kept.extent_id, [CommitItem("k2", kept.start, 10, 9)]) == [
-        None
-    ]
+    assert again.commit_extent("w", kept.extent_id, [CommitItem("k2", kept.start, 10, 9)]) == [None]
     again.check_integrity()
     assert again.registry.segments[("a", "a-dram")].used == used  # nothing carved twice
     # not the same commit: other bytes, another place, another writer
