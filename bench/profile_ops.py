@@ -88,7 +88,7 @@ def instrument(client: Client, stages: Stages) -> None:
     call = client.call_rpc
     client.call_rpc = lambda step: stages.timed(f"rpc:{step.method}", lambda: call(step))  # type: ignore[method-assign]
     run = DataPath.run
-    DataPath.run = lambda self, op, ts: stages.timed("transfer", lambda: run(self, op, ts))  # type: ignore[method-assign]
+    DataPath.run = lambda self, op, ts, *a: stages.timed("transfer", lambda: run(self, op, ts, *a))  # type: ignore[method-assign]
     lane_call = SyncLane.call
     SyncLane.call = lambda self, m, r: stages.timed(f"lane:{m}", lambda: lane_call(self, m, r))  # type: ignore[method-assign]
     copy = reads._copy_hashed
