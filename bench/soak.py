@@ -19,9 +19,10 @@ are reported in `rss_slope_not_judged`, not judged. The
 file (not the `--json` line) also holds every curve (`rss_samples`: [s, RSS MiB,
 RssAnon MiB]). At the end every key a client still believes present is read: a wrong
 byte is an integrity failure; a missing key must have been evicted (the master counts
-evictions). That belief is one byte per put (`Worker.present`, a bytearray by key
-number), so this process's own bookkeeping grows ~0.02 MiB/min and its RSS slope is
-the clients'.
+evictions: they equal the keys missing at the end plus those a client found evicted
+while running, a probe's get answered NotFound or a remove that found nothing). That
+belief is one byte per put (`Worker.present`, a bytearray by key number), so this
+process's own bookkeeping grows ~0.02 MiB/min and its RSS slope is the clients'.
 With the serving workload (on by default; `--no-serving` leaves it out) the same pool
 also serves: a prefill node and a decode node (the reference engine's tiny model,
 given the masters' HA list) behind a conductor (also given the list). A driver thread
@@ -94,6 +95,9 @@ class Worker(threading.Thread):
         self.address, self.w, self.stop = address, w, stop
         self.present = bytearray()  # by key number: 1 = put and not known gone
         self.recent: list[int] = []
+        # keys found evicted while running (a probe's get NotFound, a remove that found
+        # nothing): the master counted them, the final check will not find them missing
+        self.seen_evicted = 0
         self.counts = {"put": 0, "get": 0, "remove": 0, "no_space": 0, "errors": 0}
         self.error_types: set[str] = set()
         self.untyped: list[str] = []
@@ -131,11 +135,15 @@ class Worker(threading.Thread):
             if got != value_of(self.key(probe), VALUE):
                 raise CorruptError(f"{self.key(probe)} read back wrong bytes")
         except NotFoundError:
+            self.seen_evicted += self.present[probe]
             self.present[probe] = 0  # evicted
         if self.rng.random() < 0.05:
             gone = self.recent.pop(0)
-            if self.present[gone] and c.remove(self.key(gone)):
-                self.counts["remove"] += 1
+            if self.present[gone]:
+                if c.remove(self.key(gone)):
+                    self.counts["remove"] += 1
+                else:
+                    self.seen_evicted += 1  # evicted before its remove
             self.present[gone] = 0
 
 
@@ -583,6 +591,7 @@ def main() -> int:
         "ops_per_s": round((counts["put"] + counts["get"]) / seconds),
         "error_types": sorted({t for w in workers for t in w.error_types}),
         "untyped_errors": len(untyped), "evictions": o.evictions, **check,
+        "evicted_while_running": sum(w.seen_evicted for w in workers),
         "serving": serving, "processes_died": o.died,
         "warmup_s": warm, "rss_slope_mib_per_min": slopes,
         "rss_anon_slope_mib_per_min": anon_slopes, "rss_lsq_slope_mib_per_min": lsq_slopes,
@@ -608,7 +617,8 @@ def main() -> int:
     print(f"ops {counts} ({result['ops_per_s']}/s), errors {result['error_types'] or '-'}, "
           f"untyped {len(untyped)}")  # fmt: skip
     print(f"integrity: {check['verified']} verified, {check['evicted']} evicted, "
-          f"{check['integrity_failures']} failures (master evictions {o.evictions})")  # fmt: skip
+          f"{check['integrity_failures']} failures (master evictions {o.evictions}; "
+          f"{result['evicted_while_running']} found evicted while running)")  # fmt: skip
     if o.serving is not None:
         print(f"serving: {o.serving.counts}, errors {serving['error_types'] or '-'}, "
               f"untyped {serving['untyped_errors']}")  # fmt: skip
