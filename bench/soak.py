@@ -19,8 +19,10 @@ are reported in `rss_slope_not_judged`, not judged. The
 file (not the `--json` line) also holds every curve (`rss_samples`: [s, RSS MiB,
 RssAnon MiB]). At the end every key a client still believes present is read: a wrong
 byte is an integrity failure; a missing key must have been evicted (the master counts
-evictions: they equal the keys missing at the end plus those a client found evicted
-while running, a probe's get answered NotFound or a remove that found nothing). That
+evictions: they cover the keys missing at the end plus those a client found evicted
+while running, a probe's get answered NotFound or a remove that found nothing; they
+also count the serving workload's KV blocks and any put whose outcome a client never
+learnt, so they are an upper bound, `evictions_of_other_objects` the rest). That
 belief is one byte per put (`Worker.present`, a bytearray by key number), so this
 process's own bookkeeping grows ~0.02 MiB/min and its RSS slope is the clients'.
 With the serving workload (on by default; `--no-serving` leaves it out) the same pool
@@ -592,6 +594,8 @@ def main() -> int:
         "error_types": sorted({t for w in workers for t in w.error_types}),
         "untyped_errors": len(untyped), "evictions": o.evictions, **check,
         "evicted_while_running": sum(w.seen_evicted for w in workers),
+        "evictions_of_other_objects": o.evictions - check["evicted"]
+        - sum(w.seen_evicted for w in workers),
         "serving": serving, "processes_died": o.died,
         "warmup_s": warm, "rss_slope_mib_per_min": slopes,
         "rss_anon_slope_mib_per_min": anon_slopes, "rss_lsq_slope_mib_per_min": lsq_slopes,

@@ -92,11 +92,15 @@ for i in range(int({run_s} * 10)):
 
 def test_real_processes_leaking_and_not() -> None:
     """Two python processes sampled from /proc as the soak does, for a short run: one
-    with garbage-collector churn only, one that also keeps 12 MiB/min."""
+    with garbage-collector churn only, one that also keeps 24 MiB/min. The 1 MiB/min
+    verdict itself is judged on the synthetic series above: a 20-s window over a real
+    3 MiB sawtooth on a loaded 2-core host reads up to ~2 MiB/min without a leak (CI
+    read +1.93 on 8988877 while its other tests ran), so here the leak's rate must be
+    read and stand well clear of the steady process's."""
     run_s = 30.0
     code = CHILD.format(run_s=run_s + 5)
     procs = {
-        leak: subprocess.Popen([sys.executable, "-c", code, str(leak)]) for leak in (0.0, 12.0)
+        leak: subprocess.Popen([sys.executable, "-c", code, str(leak)]) for leak in (0.0, 24.0)
     }
     samples: dict[float, list[tuple[float, float]]] = {leak: [] for leak in procs}
     try:
@@ -112,6 +116,7 @@ def test_real_processes_leaking_and_not() -> None:
             proc.kill()
             proc.wait(10)
     steady = rss_slope_mib_per_min(samples[0.0], run_s)
-    leaking = rss_slope_mib_per_min(samples[12.0], run_s)
-    assert steady < 1.0, samples[0.0]  # (its troughs drift down a little as it runs)
-    assert 6.0 < leaking < 18.0, samples[12.0]
+    leaking = rss_slope_mib_per_min(samples[24.0], run_s)
+    assert steady < 4.0, samples[0.0]  # (its troughs drift down a little as it runs)
+    assert 14.0 < leaking < 34.0, samples[24.0]
+    assert leaking - steady > 12.0, (steady, leaking)

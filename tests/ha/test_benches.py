@@ -49,8 +49,11 @@ def test_soak_5_minutes(tmp_path: Path) -> None:
     assert r["integrity_failures"] == 0 and r["untyped_errors"] == 0
     assert r["ops"]["put"] > 5000 and r["verified"] > 1000
     if not r["leader_elections"]:  # (a new leader counts evictions from its takeover)
-        # every key missing at the end, or found gone while running, was evicted
-        assert r["evicted"] + r["evicted_while_running"] == r["evictions"]
+        # every key missing at the end, or found gone while running, was evicted: the
+        # master's count covers them (it also counts the serving workload's KV blocks
+        # and puts whose outcome the client never learnt, so it may be larger: CI's run
+        # of 8988877 read 487,911 missing + 0 against 488,043 evictions)
+        assert r["evicted"] + r["evicted_while_running"] <= r["evictions"]
     s = r["serving"]
     assert s["enabled"] and s["requests_ok"] > 0 and s["requests_failed"] == 0
     assert s["untyped_errors"] == 0 and s["token_mismatches"] == 0 and s["given_up"] == 0
