@@ -66,7 +66,10 @@ class ClientOps:
         self, keys: Sequence[str], views: Sequence[memoryview], opts: PutOptions
     ) -> Op[list[KVStoreError | None]]:
         _check_len(keys, views, "values")
-        return (yield from put_op(self.ctx, self._keys(keys), views, opts))
+        wire = self._keys(keys)
+        if len(wire) == 1:  # one key (the Mooncake facade's put_from): the one-key path
+            return [(yield from put_one_op(self.ctx, wire[0], views[0], opts))]
+        return (yield from put_op(self.ctx, wire, views, opts))
 
     def put(self, key: str, value: object, opts: PutOptions) -> Op[None]:
         view = byte_view(value)
