@@ -51,6 +51,23 @@ class Row:
     write_mib_s: float
     read_mib_s: float
     ok: bool
+    # the harness's mean request latency, and (with --in-call) the mean time inside the
+    # store's own put_from / get_into (bench/store_timer.py), microseconds
+    write_op_us: float = 0.0
+    read_op_us: float = 0.0
+    write_call_us: float = 0.0
+    read_call_us: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    write_mib_s: float
+    read_mib_s: float
+    ok: bool
+    write_op_us: float = 0.0
+    read_op_us: float = 0.0
+    write_call_us: float = 0.0
+    read_call_us: float = 0.0
 
 
 def free_port() -> int:
@@ -152,10 +169,16 @@ def kvstore_pool(segment: int, remote: bool, log: Path) -> Iterator[str]:
 
 def run_harness(
     harness: Path, module: str, master: str, size: int, objects: int, own_segment: int,
-    extra_env: dict[str, str], workdir: Path,
-) -> tuple[float, float, bool]:  # fmt: skip
-    """One read_perf run; (write MiB/s, read MiB/s, ok) from its summary JSON."""
-    summary = workdir / f"summary-{uuid.uuid4().hex[:8]}.json"
+    extra_env: dict[str, str], workdir: Path, in_call: bool = False,
+) -> Run:  # fmt: skip
+    """One read_perf run, from its summary JSON (and with `in_call`, the time spent
+    inside the store's calls: bench/store_timer.py)."""
+    tag = uuid.uuid4().hex[:8]
+    summary = workdir / f"summary-{tag}.json"
+    times = workdir / f"times-{tag}.json"
+    if in_call:
+        extra_env = dict(extra_env, KVS_TIMED_STORE_MODULE=module, KVS_STORE_TIMES=str(times))
+        module = "store_timer"
     args = [
         sys.executable, str(harness), "--scenario", "read_perf", "--io-api", "zcopy",
         "--master-server", master, "--metadata-server", "P2PHANDSHAKE",
@@ -166,14 +189,26 @@ def run_harness(
         "--summary-json", str(summary), "--log-level", "WARNING",
     ]  # fmt: skip
     run_env = env(MOONCAKE_STORE_MODULE=module, **extra_env)
+    if in_call:
+        run_env["PYTHONPATH"] = f"{REPO / 'bench'}{os.pathsep}{run_env['PYTHONPATH']}"
     with open(workdir / "harness.log", "ab") as log:
         subprocess.run(args, stdout=log, stderr=log, env=run_env, timeout=600, check=False)
     if not summary.exists():
-        return 0.0, 0.0, False
+        return Run(0.0, 0.0, False)
     phases = json.loads(summary.read_text())
     p = phases["phases"]
-    ok = bool(phases["ok"]) and p["read_perf"]["successful_kvs"] >= objects  # crashed lane: 0
-    return p["prepare_write"]["MiB_per_sec"], p["read_perf"]["MiB_per_sec"], ok
+    w, r = p["prepare_write"], p["read_perf"]
+    ok = bool(phases["ok"]) and r["successful_kvs"] >= objects  # crashed lane: 0
+    call = json.loads(times.read_text()) if times.exists() else {}
+
+    def mean_us(kind: str) -> float:
+        n, secs = call.get(kind, (0, 0.0))
+        return secs / n * 1e6 if n else 0.0
+
+    return Run(
+        w["MiB_per_sec"], r["MiB_per_sec"], ok, w["lat_mean_ms"] * 1e3, r["lat_mean_ms"] * 1e3,
+        mean_us("put"), mean_us("get"),
+    )  # fmt: skip
 
 
 def stores() -> list[tuple[str, str, dict[str, str]]]:
@@ -190,11 +225,12 @@ def stores() -> list[tuple[str, str, dict[str, str]]]:
 
 
 def bench(
-    harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path, repeat: int = 1
-) -> list[Row]:
+    harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path, repeat: int = 1,
+    in_call: bool = False,
+) -> list[Row]:  # fmt: skip
     """Each (store, size) `repeat` times, the stores interleaved within each round (drift
-    hits all alike); per row the median write and read of its runs."""
-    runs: dict[tuple[str, int], list[tuple[float, float, bool]]] = {}
+    hits all alike); per row the median of each figure over its runs."""
+    runs: dict[tuple[str, int], list[Run]] = {}
     for _ in range(repeat):
         for size in sizes:
             for label, module, extra in stores():
@@ -202,17 +238,30 @@ def bench(
                 segment = size * objects * 5 // 4 + 64 * MiB  # stay clear of 95% eviction
                 with pool(segment, remote, workdir / f"{label}.log") as master:
                     own = 0 if remote else segment
-                    runs.setdefault((label, size), []).append(
-                        run_harness(harness, module, master, size, objects, own, extra, workdir)
-                    )
+                    runs.setdefault((label, size), []).append(run_harness(
+                        harness, module, master, size, objects, own, extra, workdir, in_call
+                    ))  # fmt: skip
     rows = []
     for label, _, _ in stores():
         for size in sizes:
             got = runs[(label, size)]
-            w = statistics.median(x[0] for x in got)
-            r = statistics.median(x[1] for x in got)
-            rows.append(Row(label, size, objects, w, r, all(x[2] for x in got)))
+
+            def med(name: str, got: list[Run] = got) -> float:
+                return statistics.median(getattr(x, name) for x in got)
+
+            rows.append(Row(
+                label, size, objects, med("write_mib_s"), med("read_mib_s"),
+                all(x.ok for x in got), med("write_op_us"), med("read_op_us"),
+                med("write_call_us"), med("read_call_us"),
+            ))  # fmt: skip
     return rows
+
+
+def ceiling(op_us: float, call_us: float) -> float:
+    """How many times faster than a store whose call takes `call_us` of a harness
+    operation of `op_us` another store can be, were its own call free (0: unknown)."""
+    rest = op_us - call_us
+    return op_us / rest if call_us > 0 and rest > 0 else 0.0
 
 
 def print_table(rows: list[Row], placement: str) -> None:
@@ -226,6 +275,15 @@ def print_table(rows: list[Row], placement: str) -> None:
         rx = r.read_mib_s / base[(r.size, "r")] if base.get((r.size, "r")) else 0.0
         print(f"{r.size // MiB:>5}Mi {r.store:<12} {r.write_mib_s:>12.0f} {wx:>6.2f} "
               f"{r.read_mib_s:>11.0f} {rx:>6.2f}  {r.ok}")  # fmt: skip
+    if not any(r.write_call_us for r in rows):
+        return
+    print("\nper operation, us: the harness's request (mean) / inside the store's call;")
+    print("ceiling: the most any store can be ahead of this one were its own call free")
+    for r in rows:
+        print(f"{r.size // MiB:>5}Mi {r.store:<12} write {r.write_op_us:>8.0f} / "
+              f"{r.write_call_us:>8.0f} (ceiling {ceiling(r.write_op_us, r.write_call_us):.2f}x)"
+              f"   read {r.read_op_us:>8.0f} / {r.read_call_us:>8.0f} "
+              f"(ceiling {ceiling(r.read_op_us, r.read_call_us):.2f}x)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,13 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="16 objects per size")
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--in-call", action="store_true",
+                        help="also time the store's own calls (bench/store_timer.py)")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.harness.is_file():
         parser.error(f"no harness at {args.harness}")
     objects = 16 if args.quick else args.objects
     with tempfile.TemporaryDirectory(prefix="kvs-sbs-") as tmp:
         remote = args.placement == "remote"
-        rows = bench(args.harness, [MiB, 16 * MiB], objects, remote, Path(tmp), args.repeat)
+        rows = bench(args.harness, [MiB, 16 * MiB], objects, remote, Path(tmp), args.repeat,
+                     args.in_call)  # fmt: skip
     if args.json:
         doc = {"bench": "mooncake_side_by_side", "placement": args.placement,
                "repeat": args.repeat, "rows": [asdict(r) for r in rows]}  # fmt: skip
