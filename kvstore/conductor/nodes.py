@@ -143,7 +143,23 @@ class NodeDirectory:
         if not found:
             served = sorted({e.info.model_id for e in up if e.info is not None})
             raise NotFoundError(f"no serving node serves model {model_id!r}; served: {served}")
+        self._check_roles(found)
         return found
+
+    def _check_roles(self, found: list[NodeEntry]) -> None:
+        """UnavailableError when every node of a role the cluster was given is down (a
+        prefill node SIGKILLed, say): the request may succeed later, so it is not the
+        policies' "cluster has no PREFILL node" (a bad request: none was ever given)."""
+        roles = {e.info.role for e in found if e.info is not None}
+        down = [e for e in self.entries if not e.healthy]
+        for role, can, given in (
+            ("PREFILL", {Role.PREFILL, Role.COLOCATED}, lambda e: e.prefill is not None),
+            ("DECODE", {Role.DECODE, Role.COLOCATED}, lambda e: e.decode is not None),
+        ):
+            gone = [e for e in down if given(e)]
+            if gone and not roles & can:
+                reasons = "; ".join(f"{e.address}: {e.error}" for e in gone)
+                raise UnavailableError(f"no {role} node is reachable ({reasons})")
 
     def by_id(self, node_id: str) -> NodeEntry:
         for entry in self.entries:
