@@ -44,15 +44,14 @@ START_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
-    store: str
-    size: int
-    objects: int
+class Run:
+    """One harness run. The harness's mean request latency, and (with --in-call) the
+    mean time inside the store's own put_from / get_into (bench/store_timer.py), in
+    microseconds."""
+
     write_mib_s: float
     read_mib_s: float
     ok: bool
-    # the harness's mean request latency, and (with --in-call) the mean time inside the
-    # store's own put_from / get_into (bench/store_timer.py), microseconds
     write_op_us: float = 0.0
     read_op_us: float = 0.0
     write_call_us: float = 0.0
@@ -60,14 +59,15 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
-    write_mib_s: float
-    read_mib_s: float
-    ok: bool
-    write_op_us: float = 0.0
-    read_op_us: float = 0.0
-    write_call_us: float = 0.0
-    read_call_us: float = 0.0
+class Row:
+    store: str
+    size: int
+    objects: int
+    run: Run  # the median of each figure over the row's runs
+
+    def flat(self) -> dict[str, object]:
+        return {"store": self.store, "size": self.size, "objects": self.objects,
+                **asdict(self.run)}  # fmt: skip
 
 
 def free_port() -> int:
@@ -249,11 +249,10 @@ def bench(
             def med(name: str, got: list[Run] = got) -> float:
                 return statistics.median(getattr(x, name) for x in got)
 
-            rows.append(Row(
-                label, size, objects, med("write_mib_s"), med("read_mib_s"),
-                all(x.ok for x in got), med("write_op_us"), med("read_op_us"),
-                med("write_call_us"), med("read_call_us"),
-            ))  # fmt: skip
+            rows.append(Row(label, size, objects, Run(
+                med("write_mib_s"), med("read_mib_s"), all(x.ok for x in got),
+                med("write_op_us"), med("read_op_us"), med("write_call_us"), med("read_call_us"),
+            )))  # fmt: skip
     return rows
 
 
@@ -265,22 +264,24 @@ def ceiling(op_us: float, call_us: float) -> float:
 
 
 def print_table(rows: list[Row], placement: str) -> None:
-    base = {(r.size, "w"): r.write_mib_s for r in rows if r.store == "mooncake"}
-    base |= {(r.size, "r"): r.read_mib_s for r in rows if r.store == "mooncake"}
+    base = {(r.size, "w"): r.run.write_mib_s for r in rows if r.store == "mooncake"}
+    base |= {(r.size, "r"): r.run.read_mib_s for r in rows if r.store == "mooncake"}
     print(f"store_kv_bench read_perf, zero-copy API, segment placement: {placement}")
     print(f"{'size':>7} {'store':<12} {'write MiB/s':>12} {'x mc':>6} {'read MiB/s':>11} "
           f"{'x mc':>6}  ok")  # fmt: skip
-    for r in rows:
-        wx = r.write_mib_s / base[(r.size, "w")] if base.get((r.size, "w")) else 0.0
-        rx = r.read_mib_s / base[(r.size, "r")] if base.get((r.size, "r")) else 0.0
-        print(f"{r.size // MiB:>5}Mi {r.store:<12} {r.write_mib_s:>12.0f} {wx:>6.2f} "
+    for row in rows:
+        r = row.run
+        wx = r.write_mib_s / base[(row.size, "w")] if base.get((row.size, "w")) else 0.0
+        rx = r.read_mib_s / base[(row.size, "r")] if base.get((row.size, "r")) else 0.0
+        print(f"{row.size // MiB:>5}Mi {row.store:<12} {r.write_mib_s:>12.0f} {wx:>6.2f} "
               f"{r.read_mib_s:>11.0f} {rx:>6.2f}  {r.ok}")  # fmt: skip
-    if not any(r.write_call_us for r in rows):
+    if not any(row.run.write_call_us for row in rows):
         return
     print("\nper operation, us: the harness's request (mean) / inside the store's call;")
     print("ceiling: the most any store can be ahead of this one were its own call free")
-    for r in rows:
-        print(f"{r.size // MiB:>5}Mi {r.store:<12} write {r.write_op_us:>8.0f} / "
+    for row in rows:
+        r = row.run
+        print(f"{row.size // MiB:>5}Mi {row.store:<12} write {r.write_op_us:>8.0f} / "
               f"{r.write_call_us:>8.0f} (ceiling {ceiling(r.write_op_us, r.write_call_us):.2f}x)"
               f"   read {r.read_op_us:>8.0f} / {r.read_call_us:>8.0f} "
               f"(ceiling {ceiling(r.read_op_us, r.read_call_us):.2f}x)")  # fmt: skip
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                      args.in_call)  # fmt: skip
     if args.json:
         doc = {"bench": "mooncake_side_by_side", "placement": args.placement,
-               "repeat": args.repeat, "rows": [asdict(r) for r in rows]}  # fmt: skip
+               "repeat": args.repeat, "rows": [r.flat() for r in rows]}  # fmt: skip
         print(json.dumps(doc))
     else:
         print_table(rows, args.placement)
