@@ -57,7 +57,10 @@ def test_soak_5_minutes(tmp_path: Path) -> None:
     s = r["serving"]
     assert s["enabled"] and s["requests_ok"] > 0 and s["requests_failed"] == 0
     assert s["untyped_errors"] == 0 and s["token_mismatches"] == 0 and s["given_up"] == 0
-    assert s["bursts"] == 6 and s["rejections"] > 0
+    # a burst every 30 s from 15 s on, each waiting for its requests: 10 when every burst
+    # ends within 30 s, fewer when they take longer (CI runs have read 6 and 10)
+    most = int((r["seconds"] - s["burst_every_s"] / 2) // s["burst_every_s"]) + 1
+    assert 3 <= s["bursts"] <= most and s["rejections"] > 0, (s["bursts"], most)
     assert s["rejections_with_hint"] == s["rejections"] and s["hint_metadata_mismatch"] == 0
     assert r["processes_died"] == []
     slopes = r["rss_slope_mib_per_min"]
