@@ -47,6 +47,7 @@ from kvstore.errors import (
     TransferError,
     UnavailableError,
 )
+from kvstore.tiers import prefault
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class SharedSegment:
         self._view: memoryview | None = memoryview(mapping)
         self._size = size
         self._fd = fd  # the owner's memfd (kept to serve it); None for a peer
+        self._prefaulter: prefault.Prefaulter | None = None
         self._fd_lock = threading.Lock()
         self._server: FdServer | None = None
         # A dropped, unclosed owner still closes its fd (the mapping dies with the mmap).
@@ -143,19 +145,32 @@ class SharedSegment:
     ) -> SharedSegment:
         """Map segment `name` served at `address` (NotFoundError if it serves no such
         segment, UnavailableError if nothing listens there); read-only by default.
-        `populate` pre-faults the mapping for peers that will copy a lot."""
+        `populate` pre-faults the mapping for peers that will copy a lot: in the
+        background, lowest offsets first, where the kernel can (kvstore.tiers.prefault;
+        `prefaulted` is set when done), else at once (MAP_POPULATE)."""
         check_segment_name(name)
         fd = fetch_fd(address, name, timeout_s, capability)
+        background = populate and prefault.supported()
         try:
             size = os.fstat(fd).st_size  # the kernel's word, not the reply's
             if size == 0:
                 raise BadRequestError(f"shared segment {name!r} is empty")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            flags = mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0)
+            at_once = populate and not background
+            flags = mmap.MAP_SHARED | (_MAP_POPULATE if at_once else 0)
             mapping = mmap.mmap(fd, size, flags, prot)
         finally:
             os.close(fd)  # the mapping keeps the memory; the fd is not needed
-        return cls(name, mapping, size, None)
+        seg = cls(name, mapping, size, None)
+        if background:
+            seg._prefaulter = prefault.Prefaulter(mapping, size, writable, name)
+        return seg
+
+    @property
+    def prefaulted(self) -> threading.Event | None:
+        """Set once a background pre-fault (`attach(populate=True)`) has ended; None
+        when none runs."""
+        return self._prefaulter.done if self._prefaulter is not None else None
 
     @property
     def name(self) -> str:
@@ -218,6 +233,8 @@ class SharedSegment:
         with self._fd_lock:
             if self._finalizer is not None:
                 self._finalizer()
+        if self._prefaulter is not None:  # it holds the mapping: let it go first
+            self._prefaulter.stop()
         view, mapping = self._view, self._mmap
         self._view = self._mmap = None
         with contextlib.suppress(BufferError):  # exported views: unmapped when they die
