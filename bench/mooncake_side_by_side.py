@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,14 +245,9 @@ def bench(
     for label, _, _ in stores():
         for size in sizes:
             got = runs[(label, size)]
-
-            def med(name: str, got: list[Run] = got) -> float:
-                return statistics.median(getattr(x, name) for x in got)
-
-            rows.append(Row(label, size, objects, Run(
-                med("write_mib_s"), med("read_mib_s"), all(x.ok for x in got),
-                med("write_op_us"), med("read_op_us"), med("write_call_us"), med("read_call_us"),
-            )))  # fmt: skip
+            figures = {f.name: statistics.median(getattr(x, f.name) for x in got)
+                       for f in fields(Run) if f.name != "ok"}  # fmt: skip
+            rows.append(Row(label, size, objects, Run(ok=all(x.ok for x in got), **figures)))
     return rows
 
 

@@ -569,6 +569,7 @@ def main() -> int:
     judged = {name: v for name, v in slopes.items() if name not in not_judged}
     workers, check = o.workers, o.check
     counts = {k: sum(w.counts[k] for w in workers) for k in workers[0].counts}
+    seen_evicted = sum(w.seen_evicted for w in workers)
     untyped = [u for w in workers for u in w.untyped]
     serving: dict[str, object] = {"enabled": False}
     serving_ok = True
@@ -593,9 +594,8 @@ def main() -> int:
         "ops_per_s": round((counts["put"] + counts["get"]) / seconds),
         "error_types": sorted({t for w in workers for t in w.error_types}),
         "untyped_errors": len(untyped), "evictions": o.evictions, **check,
-        "evicted_while_running": sum(w.seen_evicted for w in workers),
-        "evictions_of_other_objects": o.evictions - check["evicted"]
-        - sum(w.seen_evicted for w in workers),
+        "evicted_while_running": seen_evicted,
+        "evictions_of_other_objects": o.evictions - check["evicted"] - seen_evicted,
         "serving": serving, "processes_died": o.died,
         "warmup_s": warm, "rss_slope_mib_per_min": slopes,
         "rss_anon_slope_mib_per_min": anon_slopes, "rss_lsq_slope_mib_per_min": lsq_slopes,

@@ -42,11 +42,9 @@ FAIL_WITHIN_S = 30.0  # the conductor's node calls end by their RPC timeout at t
 
 @dataclass
 class Serving:
-    pool: Cluster
     prefill: subprocess.Popen[bytes]
     decode: subprocess.Popen[bytes]
     conductor: str
-    procs: list[subprocess.Popen[bytes]]
 
     def stub(self, channel: grpc.Channel) -> conductor_pb2_grpc.ConductorStub:
         return conductor_pb2_grpc.ConductorStub(channel)
@@ -72,7 +70,7 @@ def serving(tmp_path: Path) -> Iterator[Serving]:
                     "--decode", dec_addr, "--timeout-s", "20"]  # fmt: skip
             cond, cond_addr = spawn(args, b"conductor listening", tmp_path / "conductor.log")
             started.append(cond)
-            yield Serving(pool, pre, dec, cond_addr, started)
+            yield Serving(pre, dec, cond_addr)
         finally:
             for proc in reversed(started):
                 with contextlib.suppress(ProcessLookupError):
