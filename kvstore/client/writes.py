@@ -109,12 +109,14 @@ def put_one_op(
         if (yield from extent_put_op(ctx, [key], [view], group, results)):
             return (yield from _started_put_op(ctx, [key], [view], opts))[0]
         return results[0]
-    extent_id, loc = taken
+    extent_id, loc, ask = taken
     try:
-        result = yield from _write_one_in_extent(ctx, key, view, group, extent_id, loc)
+        result = yield from _write_one_in_extent(ctx, key, view, group, extent_id, loc, ask)
     except BaseException:
         holder.abandon(extent_id)  # its write's fate is unknown: never release it
         holder.done(extent_id)
+        if ask:  # (when no commit went out) the next put may ask again
+            holder.answered(None, 0.0)
         raise
     if holder.done(extent_id):  # replaced meanwhile, and this was its last put
         yield from _release(ctx, extent_id)
@@ -127,32 +129,27 @@ _RETRY = TransferError("put again through PutStart")  # a sentinel, never raised
 
 
 def _write_one_in_extent(
-    ctx: OpContext, key: str, view: memoryview, group: str, extent_id: int, loc: Location
-) -> Op[KVStoreError | None]:
+    ctx: OpContext, key: str, view: memoryview, group: str, extent_id: int, loc: Location,
+    ask: bool,
+) -> Op[KVStoreError | None]:  # fmt: skip
     """`_write_in_extent` of one key at `loc`: its result, or `_RETRY` (PutStart)."""
     size = view.nbytes
     desc = ctx.directory.descriptor(loc)
     mem = ctx.data.mapped(desc, loc.capability) if desc is not None else None
     if mem is None or loc.offset + size > mem.nbytes or size > MAPPED_WRITE_MAX:
         results: list[KVStoreError | None] = [None]
-        retry = yield from _write_in_extent(ctx, [key], [view], group, results, extent_id, [loc])
+        retry = yield from _write_in_extent(
+            ctx, [key], [view], group, results, extent_id, [loc], ask
+        )
         return _RETRY if retry else results[0]
     mem[loc.offset : loc.offset + size] = view
-    config = ctx.config
-    checksum = checksum_of(view) if config.checksums else 0
-    request = master_pb2.CommitExtentRequest(
-        client_id=config.id, extent_id=extent_id, read_lease_ms=_writer_lease_ask(ctx),
-    )  # fmt: skip
+    checksum = checksum_of(view) if ctx.config.checksums else 0
+    request = _commit_request(ctx, extent_id, ask, size)
     request.items.add(key=key, offset=loc.offset, size=size, group=group, checksum=checksum)
-    holder = ctx.extents
-    sent = time.monotonic()
-    try:
-        reply = yield Rpc("CommitExtent", request)
-    except NotFoundError:  # the lease ended on the master: nothing was committed
-        holder.abandon(extent_id)
-        holder.fallbacks += 1
+    reply = yield from _commit(ctx, request, ask)
+    if reply is None:  # the lease ended on the master: nothing was committed
+        ctx.extents.fallbacks += 1
         return _RETRY
-    holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
     lease_s = reply.read_lease_ms / 1000
     (status,) = reply.results
     err = error_for(status.code, status.message) if status.code else None
@@ -328,12 +325,14 @@ def extent_put_op(
         if taken is None:
             holder.fallbacks += len(keys)
             return list(range(len(keys)))
-    extent_id, locs = taken
+    extent_id, locs, ask = taken
     try:
-        retry = yield from _write_in_extent(ctx, keys, views, group, results, extent_id, locs)
+        retry = yield from _write_in_extent(ctx, keys, views, group, results, extent_id, locs, ask)
     except BaseException:
         holder.abandon(extent_id)  # its writes' fate is unknown: never release it
         holder.done(extent_id)
+        if ask:  # (when no commit went out) the next put may ask again
+            holder.answered(None, 0.0)
         raise
     if holder.done(extent_id):  # replaced meanwhile, and this was its last put
         yield from _release(ctx, extent_id)
@@ -366,14 +365,17 @@ def _write_mapped(
 
 def _write_in_extent(
     ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], group: str,
-    results: list[KVStoreError | None], extent_id: int, locs: list[Location],
+    results: list[KVStoreError | None], extent_id: int, locs: list[Location], ask: bool,
 ) -> Op[list[int]]:  # fmt: skip
-    """Write and commit the keys at `locs` of extent `extent_id`; the indices left."""
+    """Write and commit the keys at `locs` of extent `extent_id` (the commit asking for
+    the next extent when `ask`); the indices left."""
     holder = ctx.extents
     sizes = [v.nbytes for v in views]
     descs = yield from resolve(ctx, locs)
     if any(d is None for d in descs):
         holder.abandon(extent_id)
+        if ask:
+            holder.answered(None, 0.0)
         holder.fallbacks += len(keys)
         return list(range(len(keys)))
     batch = _write_mapped(ctx, descs, locs, views)  # type: ignore[arg-type]
@@ -391,6 +393,8 @@ def _write_in_extent(
     ok = [i for i, err in enumerate(batch.errors) if err is None]
     retry = [i for i, err in enumerate(batch.errors) if err is not None]
     if not ok:
+        if ask:
+            holder.answered(None, 0.0)
         holder.fallbacks += len(retry)
         return retry
     items = [
@@ -403,18 +407,12 @@ def _write_in_extent(
         )
         for i in ok
     ]
-    request = master_pb2.CommitExtentRequest(
-        client_id=ctx.config.id, extent_id=extent_id, items=items,
-        read_lease_ms=_writer_lease_ask(ctx),
-    )  # fmt: skip
-    sent = time.monotonic()
-    try:
-        reply = yield Rpc("CommitExtent", request)
-    except NotFoundError:  # the lease ended on the master: nothing was committed
-        holder.abandon(extent_id)
+    request = _commit_request(ctx, extent_id, ask, sum(sizes))
+    request.items.extend(items)
+    reply = yield from _commit(ctx, request, ask)
+    if reply is None:  # the lease ended on the master: nothing was committed
         holder.fallbacks += len(keys)
         return sorted(ok + retry)
-    holder.renewed(extent_id, reply.ttl_ms, sent, reply.capability)
     lease_s = reply.read_lease_ms / 1000
     ctx.writer_leased |= lease_s > 0
     for i, item, status in zip(ok, items, reply.results, strict=True):
@@ -424,6 +422,44 @@ def _write_in_extent(
             ctx.locations.put(keys[i], sizes[i], item.checksum, (loc,), lease_s)
     holder.fallbacks += len(retry)
     return retry
+
+
+def _commit_request(
+    ctx: OpContext, extent_id: int, ask: bool, size: int
+) -> master_pb2.CommitExtentRequest:
+    """A CommitExtent of extent `extent_id`, its items still to add; it releases the
+    extents this client left idle, and when `ask`, asks for the next extent (of at
+    least `size` bytes, what this put needed)."""
+    holder = ctx.extents
+    request = master_pb2.CommitExtentRequest(
+        client_id=ctx.config.id, extent_id=extent_id, read_lease_ms=_writer_lease_ask(ctx),
+        release_extents=holder.take_released(),
+    )  # fmt: skip
+    if ask:
+        request.next_size = holder.extent_bytes
+        request.next_min_size = min(holder.extent_bytes, size)
+        request.client_node = ctx.node_id
+    return request
+
+
+def _commit(
+    ctx: OpContext, request: master_pb2.CommitExtentRequest, ask: bool
+) -> Op[master_pb2.CommitExtentResponse | None]:
+    """Send a CommitExtent; its reply (the lease renewed, a next extent installed), or
+    None when the lease had ended on the master (nothing was committed)."""
+    holder = ctx.extents
+    sent = time.monotonic()
+    reply = None
+    try:
+        reply = yield Rpc("CommitExtent", request)
+    except NotFoundError:
+        holder.abandon(request.extent_id)
+        return None
+    finally:
+        if ask:  # on any end: the next commit may ask again
+            holder.answered(reply, sent)
+    holder.renewed(request.extent_id, reply.ttl_ms, sent, reply.capability)
+    return reply
 
 
 def _grant(ctx: OpContext, need: int, release: int) -> Op[None]:
@@ -438,12 +474,15 @@ def _grant(ctx: OpContext, need: int, release: int) -> Op[None]:
     holder.install(reply, sent)
 
 
-def _release(ctx: OpContext, extent_id: int, closing: bool = False) -> Op[None]:
-    """Give extent `extent_id` back (best effort: its lease ends anyway); `closing`:
-    end this client's writer leases too (extent_id 0: only that)."""
+def _release(
+    ctx: OpContext, extent_id: int, closing: bool = False, others: Sequence[int] = ()
+) -> Op[None]:
+    """Give extent `extent_id` back, and `others` (best effort: their leases end
+    anyway); `closing`: end this client's writer leases too (extent_id 0: only that)."""
     request = master_pb2.CommitExtentRequest(client_id=ctx.config.id, extent_id=extent_id,
                                              release=bool(extent_id),
-                                             end_writer_leases=closing)  # fmt: skip
+                                             end_writer_leases=closing,
+                                             release_extents=others)  # fmt: skip
     try:
         yield Rpc("CommitExtent", request)
     except KVStoreError:
@@ -454,9 +493,9 @@ def release_op(ctx: OpContext) -> Op[None]:
     """At close: give the current extent back and end the writer leases this client
     was granted (its cache goes with it; until they ended, another client's remove of
     what it put would be refused). Best effort: both end on their own anyway."""
-    extent_id = ctx.extents.detach()
-    if extent_id or ctx.writer_leased:
-        yield from _release(ctx, extent_id, closing=ctx.writer_leased)
+    ids = ctx.extents.detach()
+    if ids or ctx.writer_leased:
+        yield from _release(ctx, ids[0] if ids else 0, ctx.writer_leased, ids[1:])
 
 
 def end_writer_leases_op(ctx: OpContext) -> Op[None]:

@@ -315,21 +315,29 @@ class MasterState:
     ) -> Extent:
         """Lease `client_id` a range of a memory segment of `min_size`..`size` bytes,
         placed like a put (see `_place_extent`); `release` an older one first."""
-        now = self.clock()
         if release:
-            with contextlib.suppress(NotFoundError):
-                self.extents.release(self.extents.owned(client_id, release, now))
+            self.release_extent(client_id, release)
+        self.check_extent_size(size, min_size)
+        loc = self._place_extent(client_id, client_node, size, min_size)
+        if loc is None:  # the client's puts go by PutStart (which may offload or evict)
+            raise NoSpaceError(f"no memory segment is where a put of {min_size} bytes goes")
+        ext = self.extents.add(client_id, loc, self.clock())  # journaled: a successor keeps it
+        self.evict_to_watermark()
+        return ext
+
+    def check_extent_size(self, size: int, min_size: int) -> None:
+        """BadRequestError unless an extent of `min_size`..`size` bytes may be asked for."""
         if not 0 < min_size <= size <= self.config.max_extent_bytes:
             raise BadRequestError(
                 f"extent of {min_size}..{size} bytes: need 0 < min <= size <= "
                 f"{self.config.max_extent_bytes}"
             )
-        loc = self._place_extent(client_id, client_node, size, min_size)
-        if loc is None:  # the client's puts go by PutStart (which may offload or evict)
-            raise NoSpaceError(f"no memory segment is where a put of {min_size} bytes goes")
-        ext = self.extents.add(client_id, loc, now)  # journaled: a successor keeps it
-        self.evict_to_watermark()
-        return ext
+
+    def release_extent(self, client_id: str, extent_id: int) -> None:
+        """Free what `client_id` left uncommitted of its extent `extent_id` (nothing when
+        that is not a live extent of this client's)."""
+        with contextlib.suppress(NotFoundError):
+            self.extents.release(self.extents.owned(client_id, extent_id, self.clock()))
 
     def _place_extent(
         self, client_id: str, client_node: str, size: int, min_size: int

@@ -7,6 +7,7 @@ No policy lives here. Errors of a whole call abort with the status chosen in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ import grpc
 import numpy as np
 
 from kvstore.edge import from_pb_location, to_pb_location
-from kvstore.errors import BadRequestError, KVStoreError
+from kvstore.errors import BadRequestError, KVStoreError, NoSpaceError
 from kvstore.master import leases, lookups, queries, wire
 from kvstore.master.admin import ReaderBook, removable_by_reader
 from kvstore.master.admin_rpc import AdminRpcs
@@ -249,10 +250,16 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
     ) -> master_pb2.GrantExtentResponse:
         if not request.client_id:
             raise BadRequestError("client_id must not be empty")
-        ext = self.state.grant_extent(
+        return self._grant(
             request.client_id, request.client_node, request.size, request.min_size,
             request.release_extent,
         )  # fmt: skip
+
+    def _grant(
+        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0
+    ) -> master_pb2.GrantExtentResponse:
+        """Lease `client_id` an extent (MasterState.grant_extent); the reply saying so."""
+        ext = self.state.grant_extent(client_id, client_node, size, min_size, release)
         seg = self.state.registry.segment(ext.node_id, ext.segment)
         loc = to_pb_location(Location(ext.node_id, seg.tier, ext.segment, ext.start, ext.size))
         if self.caps is not None:
@@ -281,7 +288,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         lease = self._writer_lease(request.read_lease_ms)
         client_id, release = request.client_id, request.release
         state = self.state
+        if request.next_size:  # a bad ask refuses the call before anything is committed
+            state.check_extent_size(request.next_size, request.next_min_size)
         res = state.commit_extent(client_id, extent_id, items, release, lease)
+        for other in request.release_extents:
+            state.release_extent(client_id, other)
         reply = master_pb2.CommitExtentResponse.FromString(wire.statuses_payload(res))
         reply.ttl_ms = int(state.config.extent_ttl_s * 1000)
         reply.read_lease_ms = int(lease * 1000)
@@ -294,6 +305,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
                     ext.node_id, ext.segment, ext.start, ext.size, capabilities.WRITE,
                     state.config.extent_ttl_s,
                 )  # fmt: skip
+        if request.next_size:
+            with contextlib.suppress(NoSpaceError):  # the commit stands; none to give
+                reply.next.CopyFrom(self._grant(
+                    client_id, request.client_node, request.next_size, request.next_min_size
+                ))  # fmt: skip
         return reply
 
     @translate

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, NoSpaceError
 from kvstore.master.batch import PREPARED
 from kvstore.master.extents import PREPARED_COMMIT, CommitItem, commit_items
 from kvstore.master.service import put_request_columns
@@ -100,8 +100,13 @@ class MasterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             post = authorize(Call(ident, name, request, self.state, keys, items))
         if items is not None:
             self.ledger.admit(items)
-        elif name == "GrantExtent" and ident.scoped:
+        if name == "GrantExtent" and ident.scoped:
             self.ledger.admit_bytes(identity.tenant_of(ident), request.size)
+        elif name == "CommitExtent" and request.next_size and ident.scoped:
+            try:
+                self.ledger.admit_bytes(identity.tenant_of(ident), request.next_size)
+            except NoSpaceError:  # the commit is admitted on its own; no next extent
+                request.next_size = 0
         return post
 
     def check_integrity(self) -> None:

@@ -307,6 +307,11 @@ class Limits:
             check_col("group", cols.groups, cfg.max_group_bytes)
         if len(self.state.objects) + len(cols.keys) > cfg.max_objects:
             raise NoSpaceError(f"committing {len(cols.keys)} objects would pass max_objects")
+        if r.next_size or r.release_extents:  # the next extent it asks for, as a GrantExtent's
+            self.batch(len(r.release_extents))
+            self.ident("client_node", r.client_node)
+            if max(r.next_size, r.next_min_size) > cfg.max_segment_bytes:
+                raise BadRequestError(f"extent of {r.next_size} bytes exceeds max_segment_bytes")
 
     def _put_end(self, r: Any) -> None:
         self._client_keys(r)

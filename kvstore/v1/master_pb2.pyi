@@ -657,32 +657,42 @@ class CommitItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
 
 class CommitExtentRequest(_message.Message):
-    __slots__ = ("client_id", "extent_id", "items", "release", "read_lease_ms", "end_writer_leases")
+    __slots__ = ("client_id", "extent_id", "items", "release", "read_lease_ms", "end_writer_leases", "next_size", "next_min_size", "client_node", "release_extents")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EXTENT_ID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     END_WRITER_LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NODE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_EXTENTS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     extent_id: int
     items: _containers.RepeatedCompositeFieldContainer[CommitItem]
     release: bool
     read_lease_ms: int
     end_writer_leases: bool
-    def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ..., read_lease_ms: _Optional[int] = ..., end_writer_leases: bool = ...) -> None: ...
+    next_size: int
+    next_min_size: int
+    client_node: str
+    release_extents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., extent_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CommitItem, _Mapping]]] = ..., release: bool = ..., read_lease_ms: _Optional[int] = ..., end_writer_leases: bool = ..., next_size: _Optional[int] = ..., next_min_size: _Optional[int] = ..., client_node: _Optional[str] = ..., release_extents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitExtentResponse(_message.Message):
-    __slots__ = ("results", "ttl_ms", "capability", "read_lease_ms")
+    __slots__ = ("results", "ttl_ms", "capability", "read_lease_ms", "next")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     READ_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyStatus]
     ttl_ms: int
     capability: bytes
     read_lease_ms: int
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., read_lease_ms: _Optional[int] = ...) -> None: ...
+    next: GrantExtentResponse
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ..., ttl_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., read_lease_ms: _Optional[int] = ..., next: _Optional[_Union[GrantExtentResponse, _Mapping]] = ...) -> None: ...
 
 class ReportUnreachableRequest(_message.Message):
     __slots__ = ("client_id", "node_ids")

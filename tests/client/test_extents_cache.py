@@ -288,9 +288,9 @@ def test_threads_share_one_extent_and_release_each_only_when_idle(pool: Cluster)
     """Eight threads putting through one client: one grant in flight at a time (a put
     that finds the extent full meanwhile goes through PutStart), an extent replaced
     while puts are still writing into it is released by the last of them, never with
-    the grant: every object is there afterwards and at most the current extent is left
-    on the master (before, racing grants orphaned extents, whose leases filled the
-    segment, and a release freed ranges a write was still landing in)."""
+    the grant: every object is there afterwards and at most the current extent and the
+    next one are left on the master (before, racing grants orphaned extents, whose
+    leases filled the segment, and a release freed ranges a write was still landing in)."""
     import time
 
     from kvstore.client.extents import ExtentHolder
@@ -302,7 +302,7 @@ def test_threads_share_one_extent_and_release_each_only_when_idle(pool: Cluster)
     assert h.begin_grant() == 0 and h.begin_grant() is None  # one grant at a time
     h.install(reply, time.monotonic())
     taken = h.take([1000])
-    assert taken is not None and taken[0] == 7
+    assert taken is not None and taken[0] == 7 and not taken[2]  # plenty left: no ask
     assert h.begin_grant() == 0  # a put is still writing into 7: not released with the grant
     assert h.done(7) is True  # ...but by that put, the last one in it
     h.end_grant()
@@ -321,6 +321,131 @@ def test_threads_share_one_extent_and_release_each_only_when_idle(pool: Cluster)
         assert in_threads(put, 8) == []
         keys = [f"share-{t}-{i}" for t in range(8) for i in range(4)]
         assert all(c.get(k) == value for k in keys)
-        assert c._ctx.extents.grants >= 2 and pool.stats().extents <= 1
+        holder = c._ctx.extents
+        assert holder.grants + holder.ahead >= 2 and pool.stats().extents <= 2
         for k in keys:
             assert c.remove(k)
+    assert pool.stats().extents == 0  # the close released them all
+
+
+def _grant_reply(extent_id: int, offset: int, length: int) -> object:
+    from kvstore.v1 import common_pb2, master_pb2
+
+    reply = master_pb2.GrantExtentResponse(extent_id=extent_id, ttl_ms=60_000, alignment=64)
+    reply.location.CopyFrom(
+        common_pb2.Location(node_id="n", segment="s", offset=offset, length=length)
+    )
+    return reply
+
+
+def test_the_holder_asks_for_the_next_extent_once_and_moves_on_to_it() -> None:
+    """ExtentHolder alone: a put that leaves under a quarter of the extent asks (one ask
+    at a time); the next extent a commit brings takes the put that no longer fits, and
+    the extent left idle is released with the next commit; the last put in a replaced
+    extent releases it; a next extent the put does not fit is released, never lost."""
+    import time
+
+    from kvstore.client.extents import ExtentHolder
+    from kvstore.v1 import master_pb2
+
+    h = ExtentHolder(4096, 4096, 0.0)
+    h.begin_grant()
+    h.install(_grant_reply(1, 0, 4096), time.monotonic())  # type: ignore[arg-type]
+    asks = [h.take_one(1024)[2] for _ in range(3)]  # type: ignore[index]
+    assert asks == [False, False, True]  # 1024 left < 2 x 1024: ask
+    assert h.take_one(512)[2] is False  # type: ignore[index]  # one ask at a time
+    for _ in range(4):
+        h.done(1)
+    commit = master_pb2.CommitExtentResponse()
+    commit.next.CopyFrom(_grant_reply(2, 8192, 4096))  # type: ignore[arg-type]
+    h.answered(commit, time.monotonic())
+    assert h.ahead == 1 and h.current() == 1
+    taken = h.take_one(1024)  # 512 left in 1: it moves on to 2
+    assert taken is not None and taken[0] == 2 and taken[1].offset == 8192
+    assert h.current() == 2 and h.take_released() == [1] and h.take_released() == []
+    h.done(2)
+    # a replaced extent with a put still in it: released by that put, not by a commit
+    h.answered(_with_next(3, 16384), time.monotonic())
+    busy = h.take_one(3000)  # in 2, and 2 keeps it busy
+    assert busy is not None and busy[0] == 2
+    moved = h.take_one(1024)  # 2 is full: on to 3
+    assert moved is not None and moved[0] == 3 and h.take_released() == []
+    assert h.done(2) is True  # the last put in 2: the caller releases it
+    h.done(3)
+    # a next extent too small for the put: a GrantExtent, and the next one is released
+    h.answered(_with_next(4, 32768, 256), time.monotonic())
+    assert h.take_one(4000) is None
+    assert h.begin_grant() == 3 and h.take_released() == [4]
+    h.end_grant()
+    assert h.detach() == [] and h.current() == 0
+
+
+def _with_next(extent_id: int, offset: int, length: int = 4096) -> object:
+    from kvstore.v1 import master_pb2
+
+    commit = master_pb2.CommitExtentResponse()
+    commit.next.CopyFrom(_grant_reply(extent_id, offset, length))  # type: ignore[arg-type]
+    return commit
+
+
+def test_a_stream_of_puts_waits_on_no_grant_after_the_first(pool: Cluster) -> None:
+    """Through a real master: after the first put's GrantExtent, every extent comes with
+    a commit, no put sends a GrantExtent, the extents moved on from are released (the
+    master holds at most the current and the next), every object reads back, and the
+    close releases what is left."""
+    value = bytes(range(256)) * 1024  # 256 KiB: 4 per 1 MiB extent
+    with Client(pool.address, timeout_s=TIMEOUT_S, extent_bytes=1 << 20) as c:
+        calls: list[str] = []
+        route = c._route
+        c._route = lambda step: calls.append(step.method) or route(step)  # type: ignore[method-assign]
+        for i in range(24):
+            c.put(f"ahead-{i}", value)
+            assert pool.stats().extents <= 2
+        holder = c._ctx.extents
+        assert calls.count("GrantExtent") == 1 and holder.grants == 1
+        assert holder.ahead >= 5 and holder.fallbacks == 0
+        assert calls.count("CommitExtent") == 24 and calls.count("PutStart") == 0
+        assert all(c.get(f"ahead-{i}") == value for i in range(24))
+        stats = pool.stats()
+        assert stats.complete == 24 and stats.writing == 0
+        assert stats.extent_bytes <= 2 << 20  # nothing held but the current and the next
+    after = pool.wait_stats(lambda s: s.extents == 0, timeout_s=10)
+    assert after.extent_bytes == 0 and allocated(pool) == 24 * len(value)
+    with Client(pool.address) as c:
+        for i in range(24):
+            assert c.remove(f"ahead-{i}")
+
+
+def test_a_bad_next_extent_ask_refuses_the_commit_and_no_room_keeps_it(pool: Cluster) -> None:
+    """CommitExtent's next_size is checked before anything is committed (a size over
+    the master's max_extent_bytes: INVALID_ARGUMENT, the key not visible); when the
+    master has no room for the next extent, the commit stands and none is granted."""
+    from kvstore.errors import BadRequestError
+    from kvstore.fastlane import SyncLane
+    from kvstore.v1 import master_pb2
+
+    with Client(pool.address, timeout_s=TIMEOUT_S) as c:
+        c.put("seed", b"s" * 1000)  # a grant: this client holds an extent
+        holder = c._ctx.extents
+        lease = holder._lease
+        assert lease is not None
+        lane_addr = pool.stats().fast_lane
+        lane = SyncLane(lane_addr, timeout_s=5.0)
+        try:
+            request = master_pb2.CommitExtentRequest(
+                client_id=c.config.id, extent_id=lease.extent_id, next_size=1 << 40,
+                next_min_size=1,
+            )  # fmt: skip
+            free = -(-lease.cursor // lease.alignment) * lease.alignment
+            request.items.add(key="nope", offset=free, size=100)
+            with pytest.raises(BadRequestError):
+                lane.call("CommitExtent", request)
+            assert not c.exists("nope")
+            request.next_size = request.next_min_size = 32 << 20  # more than is free
+            reply = lane.call("CommitExtent", request)
+            assert [r.code for r in reply.results] == [0], reply.results
+            assert not reply.HasField("next")
+            assert c.exists("nope")
+        finally:
+            lane.close()
+        assert c.remove("nope") and c.remove("seed")
