@@ -211,9 +211,9 @@ class ExtentHolder:
         with self._lock:
             self._granting = False
 
-    def _lease_of(self, reply: master_pb2.GrantExtentResponse, sent_at: float) -> _Lease | None:
-        """The lease a grant reply gives (None, and no more extents for this client,
-        when the master's leases are too short for its timeout: never usable)."""
+    def _lease_of(self, reply: master_pb2.GrantExtentResponse, sent_at: float) -> _Lease:
+        """The lease a grant reply gives (when the master's leases are too short for this
+        client's timeout, it is never usable: no more extents for this client)."""
         base = from_pb_location(reply.location)
         until = sent_at + reply.ttl_ms / 1000 - self.margin_s
         if until <= time.monotonic():
