@@ -69,6 +69,11 @@ class ClientConfig:
     # 4 MiB out of mapped memory: one memcpy is bound by one core's memory latency, two
     # move ~2x the bytes (kvstore.client.reads). 0 = min(4, CPUs); 1 = this thread only.
     copy_threads: int = 0
+    # Fault a same-host node's segment into this process's page tables on a background
+    # thread when it is first mapped (kvstore.tiers.prefault), so that copies into it
+    # mostly find their pages mapped (~1 us a page otherwise, on first touch). Off: the
+    # mapping is lazy, and no thread runs beside the caller's (a busy host's choice).
+    shm_prefault: bool = True
 
     # This client's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*):
     # mTLS files or a token file. It fills `credentials`, and client_id and tenant when

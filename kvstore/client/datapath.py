@@ -61,14 +61,14 @@ class DataPath:
 
     def __init__(
         self, transport: str, timeout_s: float, tls: ssl.SSLContext | None = None,
-        server_name: str = "",
+        server_name: str = "", shm_prefault: bool = True,
     ) -> None:  # fmt: skip
         tcp = TcpConfig(
             connect_timeout=min(5.0, timeout_s), io_timeout=timeout_s, tls=tls,
             server_name=server_name,
         )  # fmt: skip
         self.transport = transport
-        self.engine = make_engine(transport, tcp=tcp)
+        self.engine = make_engine(transport, tcp=tcp, shm_prefault=shm_prefault)
         self._timeout = timeout_s
         self._regions: list[_Region] = []  # sorted by start, non-overlapping
         self._starts: list[int] = []  # region starts, for bisect
@@ -90,7 +90,7 @@ class DataPath:
 
             sec = security_of(config)
             tls, name = data_plane_client(sec), sec.server_name
-        return cls(config.transport, config.timeout_s, tls, name)
+        return cls(config.transport, config.timeout_s, tls, name, config.shm_prefault)
 
     # -- registered buffers ----------------------------------------------------
 

@@ -5,12 +5,20 @@ into and out of it with memcpy; every page it touches first costs a page fault. 
 with MAP_POPULATE moves those faults into the mmap call, but for the whole segment at
 once: a client's first put into a 1.3 GiB node segment took 146 ms here, against 3 ms
 for the next ones (a 64-object benchmark's mean put grew by 2.3 ms from it alone).
-`Prefaulter` instead maps lazily and has a thread populate the mapping in 64 MiB steps,
+`Prefaulter` instead maps lazily and has a thread populate the mapping in 4 MiB steps,
 lowest offsets first (where a bump allocator places first), with
 madvise(MADV_POPULATE_WRITE or _READ) (Linux 5.14+), which faults the pages in without
 touching their bytes and releases the GIL (a ctypes call). A copy that runs ahead of it
 takes its own faults, as without populating. Where the kernel refuses the advice,
 `supported()` is False and the caller maps with MAP_POPULATE as before.
+
+Why small steps: each step holds the process's memory map (mmap_lock) for reading, and
+every mmap/munmap of the process (a large malloc) waits for the step to end. In 64 MiB
+steps (~15 ms each here) the caller's own allocations stalled: Mooncake's harness,
+which builds a fresh payload per put, spent ~3 ms more per 16 MiB put and ~0.4 ms more
+per 1 MiB put around our calls. In 4 MiB steps that is gone and the copies still find
+their pages mapped (docs/performance.md). Not populating at all costs every first touch
+of a page a fault: a 16 MiB put into a fresh range then took ~8.7 ms against ~4 ms.
 
 The thread holds the mmap object, so the range cannot be unmapped (and reused by
 another mapping) under it; `stop()` makes it end after its current step and waits.
@@ -27,7 +35,7 @@ import threading
 import numpy as np
 
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # <linux/mman.h>, since 5.14
-STEP_BYTES = 64 << 20
+STEP_BYTES = 4 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _madvise = _libc.madvise

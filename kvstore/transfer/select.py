@@ -9,6 +9,7 @@ does not), NIXL when installed and the segment publishes NIXL metadata, TCP othe
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,16 +44,20 @@ def choose_kind(remote: SegmentDescriptor, *, nixl: bool | None = None) -> str:
     raise BadRequestError(f"segment {remote.name!r} is reachable by no transport here")
 
 
-def make_engine(kind: str = "auto", *, tcp: TcpConfig | None = None) -> TransferEngine:
-    """An engine of `kind` (one of ENGINE_KINDS); BadRequestError for an unknown kind."""
+def make_engine(
+    kind: str = "auto", *, tcp: TcpConfig | None = None, shm_prefault: bool = True
+) -> TransferEngine:
+    """An engine of `kind` (one of ENGINE_KINDS); BadRequestError for an unknown kind.
+    `shm_prefault`: shared memory maps a peer's segment with a background pre-fault."""
     if kind == "auto":
-        return AutoEngine(tcp=tcp)
-    return _make_one(kind, tcp)
+        factory = functools.partial(_make_one, shm_prefault=shm_prefault)
+        return AutoEngine(tcp=tcp, factory=factory)
+    return _make_one(kind, tcp, shm_prefault)
 
 
-def _make_one(kind: str, tcp: TcpConfig | None) -> TransferEngine:
+def _make_one(kind: str, tcp: TcpConfig | None, shm_prefault: bool = True) -> TransferEngine:
     if kind == "shm":
-        return ShmEngine()
+        return ShmEngine(prefault=shm_prefault)
     if kind == "tcp":
         return TcpEngine(tcp)
     if kind == "file":

@@ -38,12 +38,15 @@ def shm_reachable(remote: SegmentDescriptor) -> bool:
 
 
 class ShmEngine(TransferEngine):
-    """One-sided READ/WRITE by memcpy into/out of mapped peer segments."""
+    """One-sided READ/WRITE by memcpy into/out of mapped peer segments. A segment is
+    mapped with a background pre-fault (`prefault`, kvstore.tiers.prefault,
+    ClientConfig.shm_prefault), or else lazily (each page faults in on first touch)."""
 
     kind = "shm"
 
-    def __init__(self) -> None:
+    def __init__(self, prefault: bool = True) -> None:
         super().__init__()
+        self.prefault = prefault
         self._maps: dict[tuple[str, str], SharedSegment] = {}
         self._lock = threading.Lock()
 
@@ -84,7 +87,7 @@ class ShmEngine(TransferEngine):
                 if seg is not None:
                     seg.close()
                 seg = self._maps[key] = SharedSegment.attach(
-                    desc.name, desc.shm_socket, writable=True, populate=True,
+                    desc.name, desc.shm_socket, writable=True, populate=self.prefault,
                     capability=capability,
                 )  # fmt: skip
         if seg.size < desc.size:

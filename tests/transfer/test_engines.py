@@ -218,3 +218,27 @@ def test_tcp_small_batches_run_inline_and_concurrent_ones_on_workers(
             engine.read(server.desc, 2 * MiB, MiB, buf, timeout=20)
         assert ran_on == ["kvstore-tcp-worker"]
         assert np.array_equal(local[:MiB], expected[2 * MiB : 3 * MiB])
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_shm_maps_lazily_unless_asked_to_prefault(prefault: bool, server: ServerProcess) -> None:
+    """ShmEngine maps a peer's segment with the background pre-fault of
+    kvstore.tiers.prefault by default; without `prefault` (ClientConfig.shm_prefault,
+    through make_engine's "auto") lazily, no thread; the bytes are the same."""
+    from kvstore.tiers import prefault as pf
+    from kvstore.transfer.select import make_engine
+
+    if prefault and not pf.supported():
+        pytest.skip("this kernel refuses MADV_POPULATE_WRITE")
+    with make_engine("auto", shm_prefault=prefault) as auto:
+        local = np.zeros(MiB, dtype=np.uint8)
+        auto.read(server.desc, 2 * MiB, MiB, auto.register("b", local), timeout=20)
+        shm = auto.engine("shm")  # type: ignore[attr-defined]
+        assert isinstance(shm, ShmEngine) and shm.prefault is prefault
+        (seg,) = shm._maps.values()
+        done = seg.prefaulted
+        if prefault:
+            assert done is not None and done.wait(30)
+        else:
+            assert done is None
+    assert np.array_equal(local, pattern(8 * MiB, SEED)[2 * MiB : 3 * MiB])
