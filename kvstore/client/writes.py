@@ -29,6 +29,7 @@ from kvstore.types import Location, Tier
 from kvstore.v1 import master_pb2
 
 checksum_of = xxhash.xxh3_64_intdigest
+ALIGN_SLACK = 256  # per object an extent is asked for: its start is aligned
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,7 @@ def _write_one_in_extent(
         return _RETRY if retry else results[0]
     mem[loc.offset : loc.offset + size] = view
     checksum = checksum_of(view) if ctx.config.checksums else 0
-    request = _commit_request(ctx, extent_id, ask, size)
+    request = _commit_request(ctx, extent_id, ask, size + ALIGN_SLACK)
     request.items.add(key=key, offset=loc.offset, size=size, group=group, checksum=checksum)
     reply = yield from _commit(ctx, request, ask)
     if reply is None:  # the lease ended on the master: nothing was committed
@@ -313,7 +314,7 @@ def extent_put_op(
             holder.fallbacks += len(keys)
             return list(range(len(keys)))
         try:
-            yield from _grant(ctx, sum(sizes) + len(sizes) * 256, release)  # + alignment slack
+            yield from _grant(ctx, sum(sizes) + len(sizes) * ALIGN_SLACK, release)
         except KVStoreError:
             holder.end_grant()
             holder.fallbacks += len(keys)
@@ -407,7 +408,7 @@ def _write_in_extent(
         )
         for i in ok
     ]
-    request = _commit_request(ctx, extent_id, ask, sum(sizes))
+    request = _commit_request(ctx, extent_id, ask, sum(sizes) + len(sizes) * ALIGN_SLACK)
     request.items.extend(items)
     reply = yield from _commit(ctx, request, ask)
     if reply is None:  # the lease ended on the master: nothing was committed
@@ -425,19 +426,21 @@ def _write_in_extent(
 
 
 def _commit_request(
-    ctx: OpContext, extent_id: int, ask: bool, size: int
+    ctx: OpContext, extent_id: int, ask: bool, need: int
 ) -> master_pb2.CommitExtentRequest:
     """A CommitExtent of extent `extent_id`, its items still to add; it releases the
-    extents this client left idle, and when `ask`, asks for the next extent (of at
-    least `size` bytes, what this put needed)."""
+    extents this client left idle, and when `ask`, asks for the next extent as the
+    next put's `_grant` would (at least `need` bytes: this put's, with its alignment
+    slack), so that it is placed, and pushes a tier past its watermark (an offload),
+    exactly as that grant would have, one put earlier."""
     holder = ctx.extents
     request = master_pb2.CommitExtentRequest(
         client_id=ctx.config.id, extent_id=extent_id, read_lease_ms=_writer_lease_ask(ctx),
         release_extents=holder.take_released(),
     )  # fmt: skip
     if ask:
-        request.next_size = holder.extent_bytes
-        request.next_min_size = min(holder.extent_bytes, size)
+        request.next_size = max(holder.extent_bytes, need)
+        request.next_min_size = need
         request.client_node = ctx.node_id
     return request
 

@@ -311,14 +311,25 @@ class MasterState:
     # ---- extent leases (kvstore.master.extents) -----------------------------
 
     def grant_extent(
-        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0
-    ) -> Extent:
+        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0,
+        after: int = 0,
+    ) -> Extent:  # fmt: skip
         """Lease `client_id` a range of a memory segment of `min_size`..`size` bytes,
-        placed like a put (see `_place_extent`); `release` an older one first."""
+        placed like a put (see `_place_extent`); `release` an older one first. `after`:
+        the client's next extent, asked while its extent `after` still has room
+        (CommitExtent), and granted only in that extent's segment: when the segment is
+        full, the grant the client then asks for itself goes where a put would, as
+        before (another tier, or past the watermark that starts an offload)."""
         if release:
             self.release_extent(client_id, release)
         self.check_extent_size(size, min_size)
-        loc = self._place_extent(client_id, client_node, size, min_size)
+        only = None
+        if after:
+            current = self.extents.live.get(after)
+            if current is None or current.client_id != client_id:
+                raise NoSpaceError(f"extent {after} is not a live extent of {client_id!r}")
+            only = (current.node_id, current.segment)
+        loc = self._place_extent(client_id, client_node, size, min_size, only)
         if loc is None:  # the client's puts go by PutStart (which may offload or evict)
             raise NoSpaceError(f"no memory segment is where a put of {min_size} bytes goes")
         ext = self.extents.add(client_id, loc, self.clock())  # journaled: a successor keeps it
@@ -340,16 +351,20 @@ class MasterState:
             self.extents.release(self.extents.owned(client_id, extent_id, self.clock()))
 
     def _place_extent(
-        self, client_id: str, client_node: str, size: int, min_size: int
-    ) -> Location | None:
+        self, client_id: str, client_node: str, size: int, min_size: int,
+        only: tuple[str, str] | None = None,
+    ) -> Location | None:  # fmt: skip
         """An extent goes where a put of its size would (the client's node first, then
         the fastest tier), but only to a memory tier and never by evicting: when that
-        place is an SSD or full, None. At most a 16th of the segment it lands in."""
+        place is an SSD or full, None. At most a 16th of the segment it lands in.
+        `only`: in that (node, segment) or nowhere."""
         ranked = rank_segments(
             self.registry.live_segments(),
             PutItem(ObjectKey(f"extent/{client_id}"), min_size),
             client_node,
         )
+        if only is not None:
+            ranked = [seg for seg in ranked if (seg.node_id, seg.name) == only]
         if not ranked or ranked[0].tier == Tier.SSD:
             return None
         seg = ranked[0]

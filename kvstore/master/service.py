@@ -256,10 +256,11 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         )  # fmt: skip
 
     def _grant(
-        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0
-    ) -> master_pb2.GrantExtentResponse:
+        self, client_id: str, client_node: str, size: int, min_size: int, release: int = 0,
+        after: int = 0,
+    ) -> master_pb2.GrantExtentResponse:  # fmt: skip
         """Lease `client_id` an extent (MasterState.grant_extent); the reply saying so."""
-        ext = self.state.grant_extent(client_id, client_node, size, min_size, release)
+        ext = self.state.grant_extent(client_id, client_node, size, min_size, release, after)
         seg = self.state.registry.segment(ext.node_id, ext.segment)
         loc = to_pb_location(Location(ext.node_id, seg.tier, ext.segment, ext.start, ext.size))
         if self.caps is not None:
@@ -308,7 +309,8 @@ class MasterServicer(AdminRpcs, master_pb2_grpc.MasterServicer):
         if request.next_size:
             with contextlib.suppress(NoSpaceError):  # the commit stands; none to give
                 reply.next.CopyFrom(self._grant(
-                    client_id, request.client_node, request.next_size, request.next_min_size
+                    client_id, request.client_node, request.next_size, request.next_min_size,
+                    after=extent_id,
                 ))  # fmt: skip
         return reply
 
