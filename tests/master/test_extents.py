@@ -109,6 +109,30 @@ def test_release_on_grant_unmount_and_no_space(clock: FakeClock) -> None:
         st.grant_extent("w", "a", 4096, 4096)
 
 
+def test_a_next_extent_goes_only_in_the_current_extents_segment(clock: FakeClock) -> None:
+    """grant_extent(after=...) (CommitExtent's next_size): in the segment of the client's
+    extent `after` or nowhere, even where a put would now prefer another segment; not
+    after an extent that is not live, or is another client's."""
+    st = pool(clock)
+    st.register_node("b", Endpoint("b:1", "h"), "inc1")
+    st.mount_segment("b", "b-dram", Tier.DRAM, 4 * SEG)  # more free bytes: ranked first
+    cur = st.grant_extent("w", "a", 4096, 4096)
+    assert cur.node_id == "a"  # the writer's own node first
+    nxt = st.grant_extent("w", "x", 4096, 4096, after=cur.extent_id)  # "x": no node of its own
+    assert (nxt.node_id, nxt.segment) == ("a", "a-dram")  # not b, where a put would go now
+    assert st.grant_extent("w", "x", 4096, 4096).node_id == "b"
+    while st.registry.segments[("a", "a-dram")].allocator.largest_free() >= 4096:
+        st.grant_extent("w", "a", 4096, 4096)
+    with pytest.raises(NoSpaceError):  # a-dram is full: no next extent, nowhere else
+        st.grant_extent("w", "a", 4096, 4096, after=cur.extent_id)
+    with pytest.raises(NoSpaceError):  # not this client's
+        st.grant_extent("v", "a", 4096, 4096, after=cur.extent_id)
+    st.commit_extent("w", cur.extent_id, [], release=True)
+    with pytest.raises(NoSpaceError):  # no longer live
+        st.grant_extent("w", "a", 4096, 4096, after=cur.extent_id)
+    st.check_integrity()
+
+
 def test_a_restarted_master_keeps_extents_and_puts_in_flight(
     tmp_path: Path, clock: FakeClock
 ) -> None:
