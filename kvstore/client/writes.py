@@ -429,10 +429,11 @@ def _commit_request(
     ctx: OpContext, extent_id: int, ask: bool, need: int
 ) -> master_pb2.CommitExtentRequest:
     """A CommitExtent of extent `extent_id`, its items still to add; it releases the
-    extents this client left idle, and when `ask`, asks for the next extent as the
-    next put's `_grant` would (at least `need` bytes: this put's, with its alignment
-    slack), so that it is placed, and pushes a tier past its watermark (an offload),
-    exactly as that grant would have, one put earlier."""
+    extents this client left idle, and when `ask`, asks for the next extent sized as
+    the next put's `_grant` would (at least `need` bytes: this put's, with its
+    alignment slack). The master grants it only in the segment of `extent_id`
+    (MasterState.grant_extent `after`): where the next data goes otherwise stays the
+    choice of the grant a put asks for itself."""
     holder = ctx.extents
     request = master_pb2.CommitExtentRequest(
         client_id=ctx.config.id, extent_id=extent_id, read_lease_ms=_writer_lease_ask(ctx),
