@@ -79,7 +79,8 @@ class ExtentHolder:
         self.margin_s = margin_s
         self._lease: _Lease | None = None
         self._next: _Lease | None = None  # granted ahead by a commit: where puts go next
-        self._asking = False  # a commit in flight asks for the next extent
+        self._asking = 0  # the ask a put carries now (0 = none): one at a time
+        self._asks = 0  # the last ask handed out
         self._released: list[int] = []  # left idle: released with the next commit
         self._retiring: dict[int, _Lease] = {}  # replaced while puts were still in them
         self._granting = False
@@ -92,10 +93,11 @@ class ExtentHolder:
     def enabled(self) -> bool:
         return self.extent_bytes > 0
 
-    def take(self, sizes: Sequence[int]) -> tuple[int, list[Location], bool] | None:
-        """(extent id, a Location per size, whether this put's commit is to ask for the
-        next extent) carved from the current extent (or the next one, when the current
-        no longer fits them), or None."""
+    def take(self, sizes: Sequence[int]) -> tuple[int, list[Location], int] | None:
+        """(extent id, a Location per size, the ask this put's commit is to carry for the
+        next extent, 0 for none) carved from the current extent (or the next one, when
+        the current no longer fits them), or None. An ask ends with `answered` (a commit
+        carried it) or with the put's `done` (none went out)."""
         with self._lock:
             found = self._carve(sizes)
             if found is None:
@@ -106,7 +108,7 @@ class ExtentHolder:
                     for start, size in zip(starts, sizes, strict=True)]  # fmt: skip
             return lease.extent_id, locs, ask
 
-    def take_one(self, size: int) -> tuple[int, Location, bool] | None:
+    def take_one(self, size: int) -> tuple[int, Location, int] | None:
         """`take([size])` for one object (a single put: one Location, no list)."""
         with self._lock:
             found = self._carve((size,))
@@ -117,7 +119,7 @@ class ExtentHolder:
             return lease.extent_id, Location(b.node_id, b.tier, b.segment, start, size,
                                              b.capability), ask  # fmt: skip
 
-    def _carve(self, sizes: Sequence[int]) -> tuple[_Lease, list[int], bool] | None:
+    def _carve(self, sizes: Sequence[int]) -> tuple[_Lease, list[int], int] | None:
         """(lease, start of each size, ask) with the lock held: the ranges taken from the
         current lease, or from the next one (which then becomes the current: the old one
         is released by the last put in it, or with the next commit when none is)."""
@@ -139,13 +141,14 @@ class ExtentHolder:
         lease.cursor = starts[-1] + sizes[-1]
         lease.users += 1
         left, biggest = lease.end - lease.cursor, max(sizes)
-        ask = (
+        ask = 0
+        if (
             self._next is None
             and not self._asking
             and lease.base.length >= ASK_MIN_OBJECTS * biggest
             and left < max(lease.base.length // 4, 2 * biggest)
-        )
-        self._asking |= ask
+        ):
+            self._asks = self._asking = ask = self._asks + 1
         return lease, starts, ask
 
     def _retire(self) -> None:
@@ -165,25 +168,32 @@ class ExtentHolder:
             out, self._released = self._released, []
             return out
 
-    def answered(self, reply: master_pb2.CommitExtentResponse | None, sent_at: float) -> None:
-        """A commit that asked for the next extent ended: install the one it granted (none:
-        `reply` None, the commit failed, or the master had no room)."""
+    def answered(
+        self, ask: int, reply: master_pb2.CommitExtentResponse | None, sent_at: float
+    ) -> None:
+        """The commit that carried `ask` ended: install the extent it granted (none:
+        `reply` None, the commit failed, or the master had no room); the next put may
+        ask again."""
         nxt = None
         if reply is not None and reply.HasField("next"):
             nxt = self._lease_of(reply.next, sent_at)
         with self._lock:
-            self._asking = False
+            if self._asking == ask:
+                self._asking = 0
             if nxt is not None:
                 if self._next is not None:  # (cannot be: one ask at a time) never orphan one
                     self._released.append(self._next.extent_id)
                 self._next = nxt
                 self.ahead += 1
 
-    def done(self, extent_id: int) -> bool:
-        """A put that took a range of `extent_id` finished (committed or not); whether
-        the caller must now release that extent (it was replaced, and this was the last
-        put in it)."""
+    def done(self, extent_id: int, ask: int = 0) -> bool:
+        """A put that took a range of `extent_id` (and `ask`, from `take`) finished,
+        committed or not; whether the caller must now release that extent (it was
+        replaced, and this was the last put in it). An ask no commit carried (the put
+        failed or fell back before its commit) ends here: the next put may ask."""
         with self._lock:
+            if ask and self._asking == ask:
+                self._asking = 0
             lease = self._lease
             if lease is not None and lease.extent_id == extent_id:
                 lease.users -= 1

@@ -115,11 +115,9 @@ def put_one_op(
         result = yield from _write_one_in_extent(ctx, key, view, group, extent_id, loc, ask)
     except BaseException:
         holder.abandon(extent_id)  # its write's fate is unknown: never release it
-        holder.done(extent_id)
-        if ask:  # (when no commit went out) the next put may ask again
-            holder.answered(None, 0.0)
+        holder.done(extent_id, ask)
         raise
-    if holder.done(extent_id):  # replaced meanwhile, and this was its last put
+    if holder.done(extent_id, ask):  # replaced meanwhile, and this was its last put
         yield from _release(ctx, extent_id)
     if result is _RETRY:
         return (yield from _started_put_op(ctx, [key], [view], opts))[0]
@@ -131,7 +129,7 @@ _RETRY = TransferError("put again through PutStart")  # a sentinel, never raised
 
 def _write_one_in_extent(
     ctx: OpContext, key: str, view: memoryview, group: str, extent_id: int, loc: Location,
-    ask: bool,
+    ask: int,
 ) -> Op[KVStoreError | None]:  # fmt: skip
     """`_write_in_extent` of one key at `loc`: its result, or `_RETRY` (PutStart)."""
     size = view.nbytes
@@ -331,11 +329,9 @@ def extent_put_op(
         retry = yield from _write_in_extent(ctx, keys, views, group, results, extent_id, locs, ask)
     except BaseException:
         holder.abandon(extent_id)  # its writes' fate is unknown: never release it
-        holder.done(extent_id)
-        if ask:  # (when no commit went out) the next put may ask again
-            holder.answered(None, 0.0)
+        holder.done(extent_id, ask)
         raise
-    if holder.done(extent_id):  # replaced meanwhile, and this was its last put
+    if holder.done(extent_id, ask):  # replaced meanwhile, and this was its last put
         yield from _release(ctx, extent_id)
     return retry
 
@@ -366,17 +362,16 @@ def _write_mapped(
 
 def _write_in_extent(
     ctx: OpContext, keys: Sequence[str], views: Sequence[memoryview], group: str,
-    results: list[KVStoreError | None], extent_id: int, locs: list[Location], ask: bool,
+    results: list[KVStoreError | None], extent_id: int, locs: list[Location], ask: int,
 ) -> Op[list[int]]:  # fmt: skip
     """Write and commit the keys at `locs` of extent `extent_id` (the commit asking for
-    the next extent when `ask`); the indices left."""
+    the next extent when `ask`; an ask no commit carries ends with the caller's
+    `ExtentHolder.done`); the indices left."""
     holder = ctx.extents
     sizes = [v.nbytes for v in views]
     descs = yield from resolve(ctx, locs)
     if any(d is None for d in descs):
         holder.abandon(extent_id)
-        if ask:
-            holder.answered(None, 0.0)
         holder.fallbacks += len(keys)
         return list(range(len(keys)))
     batch = _write_mapped(ctx, descs, locs, views)  # type: ignore[arg-type]
@@ -394,8 +389,6 @@ def _write_in_extent(
     ok = [i for i, err in enumerate(batch.errors) if err is None]
     retry = [i for i, err in enumerate(batch.errors) if err is not None]
     if not ok:
-        if ask:
-            holder.answered(None, 0.0)
         holder.fallbacks += len(retry)
         return retry
     items = [
@@ -426,7 +419,7 @@ def _write_in_extent(
 
 
 def _commit_request(
-    ctx: OpContext, extent_id: int, ask: bool, need: int
+    ctx: OpContext, extent_id: int, ask: int, need: int
 ) -> master_pb2.CommitExtentRequest:
     """A CommitExtent of extent `extent_id`, its items still to add; it releases the
     extents this client left idle, and when `ask`, asks for the next extent sized as
@@ -447,7 +440,7 @@ def _commit_request(
 
 
 def _commit(
-    ctx: OpContext, request: master_pb2.CommitExtentRequest, ask: bool
+    ctx: OpContext, request: master_pb2.CommitExtentRequest, ask: int
 ) -> Op[master_pb2.CommitExtentResponse | None]:
     """Send a CommitExtent; its reply (the lease renewed, a next extent installed), or
     None when the lease had ended on the master (nothing was committed)."""
@@ -461,7 +454,7 @@ def _commit(
         return None
     finally:
         if ask:  # on any end: the next commit may ask again
-            holder.answered(reply, sent)
+            holder.answered(ask, reply, sent)
     holder.renewed(request.extent_id, reply.ttl_ms, sent, reply.capability)
     return reply
 

@@ -36,7 +36,7 @@ class HolderMachine(RuleBasedStateMachine):
         self.granted: set[int] = set()
         self.given_back: list[int] = []  # for a release, in order
         self.abandoned: set[int] = set()
-        self.writing: list[tuple[int, bool]] = []  # puts holding a range: (extent, asked)
+        self.writing: list[tuple[int, int]] = []  # puts holding a range: (extent, ask)
         self.granting = False
 
     def _fresh(self) -> int:
@@ -72,8 +72,8 @@ class HolderMachine(RuleBasedStateMachine):
                 reply = master_pb2.CommitExtentResponse()
                 if brings_next:
                     reply.next.CopyFrom(_grant(self._fresh()))
-            self.h.answered(reply, time.monotonic())
-        if self.h.done(extent_id):
+            self.h.answered(asked, reply, time.monotonic())
+        if self.h.done(extent_id, asked):
             self._give_back(extent_id)
 
     @precondition(lambda self: self.writing)
@@ -83,9 +83,7 @@ class HolderMachine(RuleBasedStateMachine):
         extent_id, asked = self.writing.pop(i % len(self.writing))
         self.h.abandon(extent_id)
         self.abandoned.add(extent_id)
-        self.h.done(extent_id)
-        if asked:
-            self.h.answered(None, 0.0)
+        self.h.done(extent_id, asked)  # no commit carried its ask: it ends here
 
     @precondition(lambda self: not self.granting)
     @rule()
@@ -109,6 +107,14 @@ class HolderMachine(RuleBasedStateMachine):
     def one_grant_at_a_time(self) -> None:
         if self.granting:
             assert self.h.begin_grant() is None
+
+    @invariant()
+    def an_ask_is_held_by_a_put_still_writing(self) -> None:
+        """At most one ask is out, and only while the put that carries it has not
+        ended: an ask left behind would stop every later put from asking ahead."""
+        asks = [a for _, a in self.writing if a]
+        assert len(asks) <= 1
+        assert self.h._asking in (0, *asks)
 
     @invariant()
     def nothing_given_back_twice(self) -> None:

@@ -352,20 +352,20 @@ def test_the_holder_asks_for_the_next_extent_once_and_moves_on_to_it() -> None:
     h.begin_grant()
     h.install(_grant_reply(1, 0, 4096), time.monotonic())  # type: ignore[arg-type]
     asks = [h.take_one(1024)[2] for _ in range(3)]  # type: ignore[index]
-    assert asks == [False, False, True]  # 1024 left < 2 x 1024: ask
-    assert h.take_one(512)[2] is False  # type: ignore[index]  # one ask at a time
+    assert asks == [0, 0, 1]  # 1024 left < 2 x 1024: ask (number 1)
+    assert h.take_one(512)[2] == 0  # type: ignore[index]  # one ask at a time
     for _ in range(4):
         h.done(1)
     commit = master_pb2.CommitExtentResponse()
     commit.next.CopyFrom(_grant_reply(2, 8192, 4096))  # type: ignore[arg-type]
-    h.answered(commit, time.monotonic())
+    h.answered(1, commit, time.monotonic())
     assert h.ahead == 1 and h.current() == 1
     taken = h.take_one(1024)  # 512 left in 1: it moves on to 2
     assert taken is not None and taken[0] == 2 and taken[1].offset == 8192
     assert h.current() == 2 and h.take_released() == [1] and h.take_released() == []
     h.done(2)
     # a replaced extent with a put still in it: released by that put, not by a commit
-    h.answered(_with_next(3, 16384), time.monotonic())
+    h.answered(0, _with_next(3, 16384), time.monotonic())  # type: ignore[arg-type]
     busy = h.take_one(3000)  # in 2, and 2 keeps it busy
     assert busy is not None and busy[0] == 2
     moved = h.take_one(1024)  # 2 is full: on to 3
@@ -373,11 +373,36 @@ def test_the_holder_asks_for_the_next_extent_once_and_moves_on_to_it() -> None:
     assert h.done(2) is True  # the last put in 2: the caller releases it
     h.done(3)
     # a next extent too small for the put: a GrantExtent, and the next one is released
-    h.answered(_with_next(4, 32768, 256), time.monotonic())
+    h.answered(0, _with_next(4, 32768, 256), time.monotonic())  # type: ignore[arg-type]
     assert h.take_one(4000) is None
     assert h.begin_grant() == 3 and h.take_released() == [4]
     h.end_grant()
     assert h.detach() == [] and h.current() == 0
+
+
+def test_an_ask_no_commit_carried_ends_with_its_put() -> None:
+    """A put whose commit was to ask for the next extent but never went out (its write
+    failed, it fell back to PutStart) ends its ask with `done`: the next put asks
+    again. An ask that a commit answered is not ended twice: a later put's ask stands."""
+    import time
+
+    from kvstore.client.extents import ExtentHolder
+
+    h = ExtentHolder(4096, 4096, 0.0)
+    h.begin_grant()
+    h.install(_grant_reply(1, 0, 4096), time.monotonic())  # type: ignore[arg-type]
+    assert [h.take_one(1024)[2] for _ in range(3)] == [0, 0, 1]  # type: ignore[index]
+    assert h.take_one(256)[2] == 0  # type: ignore[index]  # ask 1 is out
+    h.done(1, 1)  # its put failed before any commit: the ask ends with it
+    second = h.take_one(256)
+    assert second is not None and second[2] == 2  # so the next put asks
+    h.answered(2, None, time.monotonic())  # ask 2's commit failed: no next extent
+    third = h.take_one(64)
+    assert third is not None and third[2] == 3
+    h.done(1, 2)  # ask 2 already ended: ask 3 still stands
+    assert h.take_one(64)[2] == 0  # type: ignore[index]
+    h.answered(3, None, time.monotonic())
+    assert h.take_one(64)[2] == 4  # type: ignore[index]
 
 
 def _with_next(extent_id: int, offset: int, length: int = 4096) -> object:
