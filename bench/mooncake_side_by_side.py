@@ -10,6 +10,8 @@ a write phase of N fresh objects, then a read phase of them. Stores:
     mooncake        mooncake.store + mooncake_master, protocol tcp (when installed)
     kvstore         kvstore.compat.mooncake + `kvstore master`, transport auto (shm here)
     kvstore-tcp     the same with KVSTORE_TRANSPORT=tcp
+    kvstore-nopoll  (--no-poll-row) kvstore with busy polling off in the client and the
+                    master (KVSTORE_BUSY_POLL_US=0, busy_poll_us=0; kvstore.busypoll)
 
 `--placement own` (the harness default): the benchmark client lends the only
 segment; `remote`: another process lends it (a `kvstore node`, or a Mooncake
@@ -17,6 +19,7 @@ client holding a segment) and the benchmark client lends none. Every Mooncake
 process binds 127.0.0.1 (MC_TCP_BIND_ADDRESS). Ratios are kvstore / mooncake.
 
     python bench/mooncake_side_by_side.py [--placement own|remote] [--repeat 5] [--quick] [--json]
+                                          [--in-call] [--no-poll-row]
 """
 
 from __future__ import annotations
@@ -144,10 +147,12 @@ def mooncake_pool(segment: int, remote: bool, log: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def kvstore_pool(segment: int, remote: bool, log: Path) -> Iterator[str]:
+def kvstore_pool(
+    segment: int, remote: bool, log: Path, master_args: tuple[str, ...] = ()
+) -> Iterator[str]:
     """`kvstore master` (and a `kvstore node` lending `segment` bytes when `remote`)."""
     kv = [sys.executable, "-m", "cli.main"]
-    master_cmd = [*kv, "master", "--listen", "127.0.0.1:0"]
+    master_cmd = [*kv, "master", "--listen", "127.0.0.1:0", *master_args]
     master = subprocess.Popen(
         master_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env()
     )
@@ -211,38 +216,50 @@ def run_harness(
     )  # fmt: skip
 
 
-def stores() -> list[tuple[str, str, dict[str, str]]]:
-    """(label, store module, extra env) of every store that can run here."""
-    out = []
+Store = tuple[str, str, dict[str, str], tuple[str, ...]]
+
+
+def stores(no_poll_row: bool = False) -> list[Store]:
+    """(label, store module, extra env, extra `kvstore master` flags) of every store
+    that can run here."""
+    out: list[Store] = []
     with contextlib.suppress(ImportError):
         import mooncake.store  # noqa: F401
 
         if shutil.which("mooncake_master"):
-            out.append(("mooncake", "mooncake.store", {}))
-    out.append(("kvstore", "kvstore.compat.mooncake", {"KVSTORE_TRANSPORT": "auto"}))
-    out.append(("kvstore-tcp", "kvstore.compat.mooncake", {"KVSTORE_TRANSPORT": "tcp"}))
+            out.append(("mooncake", "mooncake.store", {}, ()))
+    kv = "kvstore.compat.mooncake"
+    out.append(("kvstore", kv, {"KVSTORE_TRANSPORT": "auto"}, ()))
+    out.append(("kvstore-tcp", kv, {"KVSTORE_TRANSPORT": "tcp"}, ()))
+    if no_poll_row:
+        off = {"KVSTORE_TRANSPORT": "auto", "KVSTORE_BUSY_POLL_US": "0"}
+        out.append(("kvstore-nopoll", kv, off, ("--set", "busy_poll_us=0")))
     return out
 
 
 def bench(
     harness: Path, sizes: list[int], objects: int, remote: bool, workdir: Path, repeat: int = 1,
-    in_call: bool = False,
+    in_call: bool = False, no_poll_row: bool = False,
 ) -> list[Row]:  # fmt: skip
     """Each (store, size) `repeat` times, the stores interleaved within each round (drift
     hits all alike); per row the median of each figure over its runs."""
     runs: dict[tuple[str, int], list[Run]] = {}
     for _ in range(repeat):
         for size in sizes:
-            for label, module, extra in stores():
-                pool = mooncake_pool if label == "mooncake" else kvstore_pool
+            for label, module, extra, flags in stores(no_poll_row):
                 segment = size * objects * 5 // 4 + 64 * MiB  # stay clear of 95% eviction
-                with pool(segment, remote, workdir / f"{label}.log") as master:
+                log = workdir / f"{label}.log"
+                pool = (
+                    mooncake_pool(segment, remote, log) if label == "mooncake"
+                    else kvstore_pool(segment, remote, log, flags)
+                )  # fmt: skip
+                with pool as master:
                     own = 0 if remote else segment
                     runs.setdefault((label, size), []).append(run_harness(
                         harness, module, master, size, objects, own, extra, workdir, in_call
                     ))  # fmt: skip
     rows = []
-    for label, _, _ in stores():
+    for label, *_ in stores(no_poll_row):
         for size in sizes:
             got = runs[(label, size)]
             figures = {f.name: statistics.median(getattr(x, f.name) for x in got)
@@ -292,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--in-call", action="store_true",
                         help="also time the store's own calls (bench/store_timer.py)")  # fmt: skip
+    parser.add_argument("--no-poll-row", action="store_true",
+                        help="also run kvstore with busy polling off")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.harness.is_file():
         parser.error(f"no harness at {args.harness}")
@@ -299,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvs-sbs-") as tmp:
         remote = args.placement == "remote"
         rows = bench(args.harness, [MiB, 16 * MiB], objects, remote, Path(tmp), args.repeat,
-                     args.in_call)  # fmt: skip
+                     args.in_call, args.no_poll_row)  # fmt: skip
     if args.json:
         doc = {"bench": "mooncake_side_by_side", "placement": args.placement,
                "repeat": args.repeat, "rows": [r.flat() for r in rows]}  # fmt: skip

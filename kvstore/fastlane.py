@@ -49,6 +49,7 @@ from typing import Any
 
 import grpc
 
+from kvstore.busypoll import Spinner, recv_polling
 from kvstore.errors import BadRequestError, KVStoreError, NotLeaderError, UnavailableError
 from kvstore.rpc_errors import error_for_status, status_for
 from kvstore.v1 import master_pb2
@@ -351,10 +352,13 @@ class SyncLane:
     """Blocking client: one connection per calling thread, opened on first use, to
     `local` (unix:@NAME) where that connects, else to `address` (HOST:PORT)."""
 
-    def __init__(self, address: str, timeout_s: float, local: str = "") -> None:
+    def __init__(
+        self, address: str, timeout_s: float, local: str = "", busy_poll_s: float = 0.0
+    ) -> None:
         self.address = address
         self.local = local
         self.timeout_s = timeout_s
+        self.busy_poll_s = busy_poll_s  # poll for a reply this long first (kvstore.busypoll)
         self._local = threading.local()
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -366,6 +370,7 @@ class SyncLane:
             sock = self._open()
             _deadline(sock, self.timeout_s)
             self._local.sock = sock
+            self._local.spinner = Spinner(self.busy_poll_s)
             with self._lock:
                 self._socks.append(sock)
         return sock
@@ -377,7 +382,10 @@ class SyncLane:
         self._ids = ident = (self._ids + 1) & 0xFFFFFFFF
         try:
             sock.sendall(_frame(ident, tag, request.SerializeToString()))
-            data = sock.recv(RECV_BYTES)  # nearly always the whole reply: one syscall
+            # nearly always the whole reply in one recv: polled for a while, then waited for
+            data = recv_polling(sock, RECV_BYTES, self._local.spinner)
+            if data is None:
+                data = sock.recv(RECV_BYTES)
             if len(data) < HEADER.size:
                 if not data:
                     raise ConnectionError("connection closed")
@@ -600,10 +608,15 @@ class _Router:
 
 
 class SyncRouter(_Router):
-    """Routes a sync client's calls: `call(method, request, grpc_call)`."""
+    """Routes a sync client's calls: `call(method, request, grpc_call)`; the lane's
+    replies are polled for `busy_poll_s` before a call sleeps (kvstore.busypoll)."""
 
-    def __init__(self, timeout_s: float, on_stats: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self, timeout_s: float, on_stats: Callable[[Any], None] | None = None,
+        busy_poll_s: float = 0.0,
+    ) -> None:  # fmt: skip
         super().__init__(timeout_s, on_stats)
+        self.busy_poll_s = busy_poll_s
         self.lane: SyncLane | None = None
 
     def call(self, method: str, request: Any, grpc_call: Callable[[str, Any], Any]) -> Any:
@@ -624,7 +637,7 @@ class SyncRouter(_Router):
         self.on_stats(reply)  # the client's segment directory: its first resolve is free
         address, local = self._learnt(reply)
         if address:
-            self.lane = SyncLane(address, self.timeout_s, local)
+            self.lane = SyncLane(address, self.timeout_s, local, self.busy_poll_s)
 
     def _drop(self) -> None:
         if self.lane is not None:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvstore import fastlane
+from kvstore import busypoll, fastlane
+from kvstore.busypoll import MISSES_BEFORE_BACKOFF
 from kvstore.client.aio import AsyncClient
 from kvstore.client.client import Client
 from kvstore.errors import BadRequestError, ExistsError, NotFoundError
@@ -143,6 +144,30 @@ def test_a_client_on_the_masters_host_uses_its_unix_socket(cluster: Cluster) -> 
         lane = c._router.lane
         assert lane is not None and lane.local == stats.fast_lane_local
         assert lane._sock().family == socket.AF_UNIX
+
+
+def test_a_client_polls_for_its_replies_unless_told_not_to(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """busy_poll_us (kvstore.busypoll): each lane call polls for its reply before it
+    sleeps, and the replies are the same; 0 (or one CPU) sleeps at once."""
+    monkeypatch.setattr(busypoll, "cpus", lambda: 2)  # as on CI's 2 cores, one idle
+    monkeypatch.setattr(busypoll, "spare_cpu", lambda: True)
+    for budget_us in (500, 0):
+        with Client(cluster.address, busy_poll_us=budget_us) as c:
+            for i in range(20):
+                c.put(f"p{budget_us}-{i}", bytes([i]) * 5000)
+            assert [c.get(f"p{budget_us}-{i}") for i in range(20)] == [
+                bytes([i]) * 5000 for i in range(20)
+            ]
+            lane = c._router.lane
+            assert lane is not None
+            spinner = lane._local.spinner
+            assert spinner.budget_s == budget_us / 1e6
+            if budget_us:  # polls that caught their reply or missed it: some of each call
+                assert spinner.hits + spinner.missed >= MISSES_BEFORE_BACKOFF
+            else:
+                assert spinner.hits == spinner.missed == 0
 
 
 def test_an_unreachable_unix_name_falls_back_to_tcp(cluster: Cluster) -> None:

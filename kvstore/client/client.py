@@ -71,7 +71,9 @@ class Client:
         )  # fmt: skip
         self._stub = master_pb2_grpc.MasterStub(self._channel)
         # Hot-path calls over the master's fast lane when it has one (kvstore.fastlane).
-        self._router = SyncRouter(self.config.timeout_s, self._ctx.directory.update)
+        self._router = SyncRouter(
+            self.config.timeout_s, self._ctx.directory.update, self.config.busy_poll_us / 1e6
+        )
         if not self.config.fast_lane or self.config.credentials is not None:
             self._router.disable()
         self._node: StorageNode | None = None

@@ -74,6 +74,11 @@ class ClientConfig:
     # mostly find their pages mapped (~1 us a page otherwise, on first touch). Off: the
     # mapping is lazy, and no thread runs beside the caller's (a busy host's choice).
     shm_prefault: bool = True
+    # After sending a master call over the fast lane, poll for its reply this long before
+    # sleeping in recv (kvstore.busypoll): a sleeping thread's wake-up costs tens of us,
+    # more than the master's work. Adaptive (it stops polling while polls keep missing),
+    # never on one CPU; 0 = off (every wait sleeps).
+    busy_poll_us: int = 200
 
     # This client's credential (kvstore.security; "" = the process's KVSTORE_SECURITY_*):
     # mTLS files or a token file. It fills `credentials`, and client_id and tenant when
@@ -114,6 +119,8 @@ class ClientConfig:
             raise BadRequestError("timeout_s and lease_ttl_s must be > 0")
         if self.extent_bytes < 0 or self.extent_max_object < 0:
             raise BadRequestError("extent_bytes and extent_max_object must be >= 0")
+        if not 0 <= self.busy_poll_us <= 100_000:
+            raise BadRequestError(f"busy_poll_us must be in [0, 100000], got {self.busy_poll_us}")
         if not 0 <= self.copy_threads <= 64:
             raise BadRequestError(f"copy_threads must be in [0, 64], got {self.copy_threads}")
         if self.location_cache_entries < 0 or self.location_cache_ttl_s <= 0:

@@ -90,6 +90,13 @@ def _connect(
     from kvstore.client.client import Client
     from kvstore.client.config import ClientConfig
 
+    extra: dict[str, Any] = {}
+    poll = os.environ.get("KVSTORE_BUSY_POLL_US", "").strip()  # setup() has no such knob
+    if poll:
+        try:
+            extra["busy_poll_us"] = int(poll)
+        except ValueError:
+            raise BadRequestError(f"KVSTORE_BUSY_POLL_US={poll!r}: want microseconds") from None
     config = ClientConfig(
         master=master,
         transport=transport_for(protocol),
@@ -97,6 +104,7 @@ def _connect(
         tenant="" if tenant_id in ("", "default") else tenant_id,
         ssd_dir=ssd.directory if ssd else None,
         ssd_bytes=ssd.capacity if ssd else 0,
+        **extra,
     )
     client = Client(config)
     try:

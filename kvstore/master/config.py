@@ -48,6 +48,11 @@ class MasterConfig:
     writer_lease_ttl_s: float = 2.0
     max_extent_bytes: int = 256 << 20
     fence_s: float = 10.0  # a node clients report unreachable gets no new replica this long
+    # `kvstore master`'s event loop polls for the next request this long after the last
+    # one before it sleeps (kvstore.busypoll): a stream of one-object puts then finds the
+    # master awake. Adaptive, never on one CPU; 0 = off. In-process masters (`serve`)
+    # run on the caller's loop and do not poll.
+    busy_poll_us: int = 1000
 
     # Limits on what callers may send and what the master holds (kvstore.security.limits;
     # each refusal is a typed error: INVALID_ARGUMENT for a size, RESOURCE_EXHAUSTED for a
@@ -100,6 +105,8 @@ class MasterConfig:
             raise BadRequestError("promote_after and move_bytes_per_s must be >= 0")
         if self.max_moves_in_flight <= 0 or self.persist_timeout_s <= 0:
             raise BadRequestError("max_moves_in_flight and persist_timeout_s must be > 0")
+        if not 0 <= self.busy_poll_us <= 100_000:
+            raise BadRequestError(f"busy_poll_us must be in [0, 100000], got {self.busy_poll_us}")
         if self.rebalance_scan <= 0:
             raise BadRequestError("rebalance_scan must be > 0")
         if self.default_alignment & (self.default_alignment - 1):

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvstore import edge
+from kvstore import busypoll, edge
 from kvstore.errors import BadRequestError
 from kvstore.fastlane import FastLaneServer
 from kvstore.master.config import MasterConfig
@@ -161,8 +161,15 @@ def run_master(
         finally:
             await handle.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    # the loop polls for the next request a while before it sleeps (kvstore.busypoll)
+    window = busypoll.usable(config.busy_poll_us / 1e6)
+
+    def polling() -> asyncio.AbstractEventLoop:
+        return asyncio.SelectorEventLoop(busypoll.PollingSelector(window))
+
+    factory = polling if window else None
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
 
 
 async def _serve_ha(
