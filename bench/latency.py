@@ -92,7 +92,7 @@ def one_run(sizes: list[int], ops: int, tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
         base: dict[str, Any] = {}
-        for label, module, extra in stores():
+        for label, module, extra, _ in stores():
             if label == "kvstore-tcp":
                 continue  # the default transport only (shm on one host)
             pool = mooncake_pool if label == "mooncake" else kvstore_pool
