@@ -4,10 +4,9 @@ A put's one master round trip (kvstore.fastlane) spends more time in two wake-up
 in the master's work: the master sleeps in epoll until the request lands, the client
 sleeps in recv until the reply does, and each wake of an idle CPU costs tens of
 microseconds (on a VM an idle vCPU halts, and waking it is an exit to the hypervisor).
-`bench/profile_ops.py`-style loops of one-object puts on this 2-core VM
-(2026-12-04, docs/performance.md): a 4 KiB put took 170 us p50 with both sides
-sleeping, ~110 us with either side polling, ~60 us with both; a 1 MiB put of the
-Mooncake facade 280-300 us, then ~170-190 us.
+In a stream of one-object facade puts on a 2-core VM (2026-12-04, docs/performance.md)
+a 4 KiB put took 170 us p50 with both sides sleeping, ~110 us with either side
+polling, ~60 us with both; a 1 MiB put 270-300 us, then 160-200 us.
 
 So, as Linux's SO_BUSY_POLL and RDMA completion-queue polling do, a waiter polls first:
 
@@ -41,7 +40,10 @@ import os
 import selectors
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MISSES_BEFORE_BACKOFF = 3  # polls in a row that found nothing, then a pause
 MAX_BACKOFF = 256  # waits, at most, without polling after misses
@@ -120,29 +122,39 @@ class Spinner:
             self.skip = self.pause
 
 
+def _poll(spinner: Spinner, end: float, attempt: Callable[[], T | None]) -> T | None:
+    """`attempt()` until it returns something (a hit) or `end` passes (a miss), yielding
+    the CPU between tries; None on a miss, or as soon as another task needs the CPU."""
+    clock, yield_cpu = time.perf_counter, os.sched_yield
+    polls = 0
+    while True:
+        got = attempt()
+        if got is not None:
+            spinner.hit()
+            return got
+        polls += 1
+        if clock() > end:
+            spinner.miss()
+            return None
+        if not polls % RECHECK and not spare_cpu():  # another task needs the CPU now
+            return None
+        yield_cpu()  # anything else runnable on this CPU goes first
+
+
 def recv_polling(sock: socket.socket, nbytes: int, spinner: Spinner) -> bytes | None:
     """Up to `nbytes` from `sock` if they arrive while `spinner` says to poll; None when
     they did not (the caller then blocks in its usual recv). b"": the peer closed."""
     budget = spinner.due()
     if not budget:
         return None
-    clock, flags, yield_cpu = time.perf_counter, socket.MSG_DONTWAIT, os.sched_yield
-    end = clock() + budget
-    polls = 0
-    while True:
+
+    def attempt() -> bytes | None:
         try:
-            data = sock.recv(nbytes, flags)
+            return sock.recv(nbytes, socket.MSG_DONTWAIT)
         except BlockingIOError:
-            polls += 1
-            if clock() > end:
-                spinner.miss()
-                return None
-            if not polls % RECHECK and not spare_cpu():  # another task needs the CPU now
-                return None
-            yield_cpu()  # anything else runnable on this CPU goes first
-            continue
-        spinner.hit()
-        return data
+            return None
+
+    return _poll(spinner, time.perf_counter() + budget, attempt)
 
 
 class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -161,20 +173,10 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-typ
         if (timeout is None or timeout > 0) and start < end and self.spinner.due():
             if timeout is not None:
                 end = min(end, start + timeout)
-            polls = 0
-            while True:
-                ready = super().select(0)
-                if ready:
-                    self.spinner.hit()
-                    self._last = clock()
-                    return ready
-                polls += 1
-                if clock() > end:
-                    self.spinner.miss()
-                    break
-                if not polls % RECHECK and not spare_cpu():  # needed elsewhere: sleep
-                    break
-                os.sched_yield()
+            ready = _poll(self.spinner, end, lambda: super(PollingSelector, self).select(0) or None)
+            if ready is not None:
+                self._last = clock()
+                return ready
             if timeout is not None:
                 timeout = max(0.0, timeout - (clock() - start))
         ready = super().select(timeout)
